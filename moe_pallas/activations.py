@@ -1,0 +1,65 @@
+"""Gated activations of the expert layer, shared by kernels, the XLA path and the reference.
+
+Both take the gate_up projection `h[..., 2I]` split into `gate` and `up` halves of width I:
+  - "swiglu": gate = h[..., :I], up = h[..., I:],   a = silu(gate) * up
+  - "gptoss": gate = h[..., 0::2], up = h[..., 1::2] (interleaved columns),
+              gate = min(gate, 7), up = clip(up, -7, 7), a = (up + 1) * gate * sigmoid(1.702 * gate)
+"""
+
+from typing import Literal
+
+import jax
+import jax.numpy as jnp
+
+Activation = Literal["swiglu", "gptoss"]
+ACTIVATIONS: tuple[str, ...] = ("swiglu", "gptoss")
+
+GPTOSS_LIMIT = 7.0
+GPTOSS_ALPHA = 1.702
+
+
+def split_gate_up(h: jax.Array, activation: Activation) -> tuple[jax.Array, jax.Array]:
+    """Split `h[..., 2I]` into (gate, up), each `[..., I]`, in the layout of `activation`."""
+    if activation == "gptoss":
+        return h[..., 0::2], h[..., 1::2]
+    half = h.shape[-1] // 2
+    return h[..., :half], h[..., half:]
+
+
+def merge_gate_up(gate: jax.Array, up: jax.Array, activation: Activation) -> jax.Array:
+    """Inverse of `split_gate_up`: lay (gate, up) out as `[..., 2I]` in the layout of `activation`."""
+    if activation == "gptoss":
+        return jnp.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], 2 * gate.shape[-1])
+    return jnp.concatenate([gate, up], axis=-1)
+
+
+def glu(gate: jax.Array, up: jax.Array, activation: Activation) -> jax.Array:
+    """The gated activation on already-split halves (works inside Pallas kernels too)."""
+    if activation == "gptoss":
+        gate = jnp.minimum(gate, GPTOSS_LIMIT)
+        up = jnp.clip(up, -GPTOSS_LIMIT, GPTOSS_LIMIT)
+        return (up + 1) * gate * jax.nn.sigmoid(GPTOSS_ALPHA * gate)
+    return jax.nn.silu(gate) * up
+
+
+def glu_bwd(
+    gate: jax.Array, up: jax.Array, d_out: jax.Array, activation: Activation
+) -> tuple[jax.Array, jax.Array]:
+    """(d_gate, d_up) of `glu` given the pre-activation halves and the output cotangent.
+
+    The clamps pass no gradient where they bite (matching jax.grad of `glu`).
+    """
+    if activation == "gptoss":
+        gate_c = jnp.minimum(gate, GPTOSS_LIMIT)
+        up_c = jnp.clip(up, -GPTOSS_LIMIT, GPTOSS_LIMIT)
+        sig = jax.nn.sigmoid(GPTOSS_ALPHA * gate_c)
+        glu_gate = gate_c * sig
+        d_glu_gate = sig + GPTOSS_ALPHA * gate_c * sig * (1 - sig)
+        d_gate = jnp.where(gate <= GPTOSS_LIMIT, d_out * (up_c + 1) * d_glu_gate, 0)
+        d_up = jnp.where(jnp.abs(up) <= GPTOSS_LIMIT, d_out * glu_gate, 0)
+        return d_gate, d_up
+    sig = jax.nn.sigmoid(gate)
+    silu = gate * sig
+    d_gate = d_out * up * (sig + silu * (1 - sig))
+    d_up = d_out * silu
+    return d_gate, d_up
