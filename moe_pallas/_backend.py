@@ -1,0 +1,30 @@
+"""Backend choice shared by every op: which implementation runs, and whether Pallas interprets."""
+
+import jax
+
+IMPLEMENTATIONS: tuple[str, ...] = ("auto", "pallas_triton", "mosaic_gpu", "xla")
+
+
+def interpret_mode() -> bool:
+    """Pallas kernels run in interpret mode everywhere but on a GPU backend."""
+    return jax.default_backend() != "gpu"
+
+
+def resolve(implementation: str) -> str:
+    """Map `implementation` to the backend that runs: "pallas_triton" or "xla".
+
+    "auto" picks pallas_triton on GPU and xla elsewhere; an explicit "pallas_triton" off GPU runs
+    the kernels in interpret mode (slow, for tests).
+    """
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}; "
+            'use "auto" to let the platform decide.'
+        )
+    if implementation == "mosaic_gpu":
+        raise NotImplementedError(
+            'implementation="mosaic_gpu" is not implemented yet; use "pallas_triton" (or "auto").'
+        )
+    if implementation == "auto":
+        return "pallas_triton" if jax.default_backend() == "gpu" else "xla"
+    return implementation

@@ -1,0 +1,77 @@
+"""Run-time validation of routing, for debugging: `with moe_pallas.debug_checks(): ...`.
+
+Inside the context (at trace time: enable it before jit traces your step), `moe_experts` and
+`ragged_dot` check their data on the device and raise, through `jax.debug.callback`, a ValueError
+naming the argument when expert ids fall outside [0, E), routing weights or tokens are not finite,
+or group sizes are negative or do not sum to at most the row count. Outside it nothing is checked at
+run time: out-of-range expert ids contribute zero (documented), NaN propagates.
+"""
+
+import contextlib
+import threading
+
+import jax
+import numpy as np
+
+_state = threading.local()
+
+
+def enabled() -> bool:
+    return getattr(_state, "on", False)
+
+
+@contextlib.contextmanager
+def debug_checks(enable: bool = True):
+    """Turn run-time routing checks on (or off) for code traced inside this context."""
+    previous = enabled()
+    _state.on = enable
+    try:
+        yield
+    finally:
+        _state.on = previous
+
+
+def _raise_if(bad: bool, message: str) -> None:
+    if bad:
+        raise ValueError(message)
+
+
+def check_routing(x, topk_idx, topk_weight, num_experts: int) -> None:
+    """Device-side checks of one `moe_experts` call (no-op unless `debug_checks` is on)."""
+    if not enabled():
+        return
+
+    def host_check(x, topk_idx, topk_weight):
+        topk_idx = np.asarray(topk_idx)
+        bad = (topk_idx < 0) | (topk_idx >= num_experts)
+        _raise_if(
+            bad.any(),
+            f"topk_idx holds {int(bad.sum())} expert ids outside [0, {num_experts}), e.g. "
+            f"{int(topk_idx[bad][0]) if bad.any() else 0}; fix the router or num_experts.",
+        )
+        _raise_if(
+            not np.isfinite(np.asarray(topk_weight, np.float32)).all(),
+            "topk_weight holds NaN or Inf; check the router logits.",
+        )
+        _raise_if(
+            not np.isfinite(np.asarray(x, np.float32)).all(),
+            "x holds NaN or Inf; check the layer input.",
+        )
+
+    jax.debug.callback(host_check, x, topk_idx, topk_weight)
+
+
+def check_group_sizes(group_sizes, num_rows: int) -> None:
+    """Device-side checks of `ragged_dot`/`tgmm` group sizes (no-op unless enabled)."""
+    if not enabled():
+        return
+
+    def host_check(group_sizes):
+        group_sizes = np.asarray(group_sizes)
+        _raise_if((group_sizes < 0).any(), f"group_sizes has negative entries: {group_sizes}.")
+        _raise_if(
+            group_sizes.sum() > num_rows,
+            f"group_sizes sums to {int(group_sizes.sum())} > {num_rows} rows of lhs.",
+        )
+
+    jax.debug.callback(host_check, group_sizes)

@@ -1,0 +1,91 @@
+"""Routing metadata in plain JAX with static shapes: expert sort and the kernels' tile schedule.
+
+`dispatch` sorts the M = T·k (token, slot) pairs by expert, stably, so rows of one expert form a
+contiguous group and ties keep token order (deterministic results). Pairs whose expert id lies
+outside [0, E) are "masked": they sort after every valid row and belong to no group, so
+`group_offsets[E]` counts the valid rows only.
+
+`tile_schedule` turns group sizes into the work list of the grouped matmul (megablox-style, no
+padding): rows are cut into m-tiles of `block_m`; a tile that straddles group boundaries is visited
+once per group it touches, each visit masked to that group's rows. Rows past `sum(group_sizes)`
+form one extra pseudo-group (id G) whose visits write zeros. With at most min(G+1, M) non-empty
+groups, `cdiv(M, block_m) + min(G+1, M) - 1` visits always suffice; unused visits get an empty
+row range.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class Dispatch(NamedTuple):
+    row_token: jax.Array  # [M] int32: source token of each expert-sorted row
+    row_pair: jax.Array  # [M] int32: flat (token, slot) index t*k+j of each sorted row
+    pair_row: jax.Array  # [M] int32: inverse, the sorted row of flat pair p
+    group_sizes: jax.Array  # [E] int32
+    group_offsets: jax.Array  # [E+1] int32, exclusive cumsum; [E] = number of valid rows
+
+
+class TileSchedule(NamedTuple):
+    group: jax.Array  # [V] int32: group of each visit (G = the zero-filled tail rows)
+    m_start: jax.Array  # [V] int32: first row of the visited m-tile
+    row_start: jax.Array  # [V] int32: first row of the visit (inside the tile and the group)
+    row_end: jax.Array  # [V] int32: one past its last row; row_start == row_end for unused visits
+
+
+def dispatch(topk_idx: jax.Array, num_experts: int) -> Dispatch:
+    """Stable expert sort of `topk_idx[T, k]`; ids outside [0, num_experts) are masked."""
+    if topk_idx.ndim != 2:
+        raise ValueError(f"topk_idx must be [T, k], got shape {topk_idx.shape}.")
+    if not jnp.issubdtype(topk_idx.dtype, jnp.integer):
+        raise TypeError(f"topk_idx must hold integer expert ids, got {topk_idx.dtype}.")
+    _, k = topk_idx.shape
+    expert = topk_idx.reshape(-1).astype(jnp.int32)
+    num_pairs = expert.shape[0]
+    key = jnp.where((expert >= 0) & (expert < num_experts), expert, num_experts)
+    row_pair = jnp.argsort(key, stable=True).astype(jnp.int32)
+    pair_row = jnp.zeros_like(row_pair).at[row_pair].set(
+        jnp.arange(num_pairs, dtype=jnp.int32), unique_indices=True
+    )
+    # Offsets from the sorted keys: a binary search per expert, cheaper than a scatter-add.
+    group_offsets = jnp.searchsorted(
+        key[row_pair], jnp.arange(num_experts + 1, dtype=jnp.int32), side="left"
+    ).astype(jnp.int32)
+    return Dispatch(
+        row_token=row_pair // k,
+        row_pair=row_pair,
+        pair_row=pair_row,
+        group_sizes=jnp.diff(group_offsets),
+        group_offsets=group_offsets,
+    )
+
+
+def num_visits(num_rows: int, num_groups: int, block_m: int) -> int:
+    """Static length of the tile schedule for `num_rows` rows in `num_groups` groups."""
+    return pl_cdiv(num_rows, block_m) + min(num_groups + 1, num_rows) - 1
+
+
+def pl_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def tile_schedule(group_sizes: jax.Array, num_rows: int, block_m: int) -> TileSchedule:
+    """Visits (group, m-tile, row range) covering rows [0, num_rows) once each, in row order."""
+    num_groups = group_sizes.shape[0]
+    sizes = group_sizes.astype(jnp.int32)
+    ends = jnp.minimum(jnp.cumsum(sizes), num_rows)
+    # The pseudo-group G holds the rows no real group claims.
+    ends = jnp.concatenate([ends, jnp.array([num_rows], jnp.int32)])
+    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+    first_tile = starts // block_m
+    tiles = jnp.where(ends > starts, (ends - 1) // block_m - first_tile + 1, 0)
+    visit_end = jnp.cumsum(tiles)
+    v = jnp.arange(num_visits(num_rows, num_groups, block_m), dtype=jnp.int32)
+    group = jnp.searchsorted(visit_end, v, side="right").astype(jnp.int32)
+    used = group <= num_groups
+    group = jnp.minimum(group, num_groups)
+    m_start = (first_tile[group] + v - (visit_end[group] - tiles[group])) * block_m
+    row_start = jnp.maximum(starts[group], m_start)
+    row_end = jnp.where(used, jnp.minimum(ends[group], m_start + block_m), row_start)
+    return TileSchedule(group=group, m_start=m_start, row_start=row_start, row_end=row_end)

@@ -1,0 +1,89 @@
+"""Pure-jnp oracle of the expert layer, for tests, the demo and benchmarks.
+
+    out[t] = sum_j topk_weight[t, j] * expert_{topk_idx[t, j]}(x[t])
+    expert_e(x) = act(x @ w_gate_up[e] + b_gate_up[e]) @ w_down[e] + b_down[e]
+
+Two independent formulations, computed in `dtype` (float32 by default; float64 where x64 is
+enabled) at HIGHEST matmul precision:
+  - `moe_experts_reference`: the MoE way: stable sort of the T*k (token, slot) pairs by expert,
+    one expert application per sorted row, un-sort, weighted sum of each token's k rows.
+  - `moe_experts_loop`: a plain loop over tokens and their k slots.
+Expert ids outside [0, E) contribute zero (the library's documented behaviour).
+Both walk rows in chunks of `chunk` gathered expert weights, so full-size workloads fit on a GPU.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from moe_pallas.activations import Activation, glu, split_gate_up
+
+_HI = jax.lax.Precision.HIGHEST
+
+
+def _cast_params(params, dtype) -> dict:
+    return {name: jnp.asarray(value).astype(dtype) for name, value in params.items()}
+
+
+def expert_apply(params: dict, expert: jax.Array, x_rows: jax.Array, activation: Activation):
+    """`expert_{expert[r]}(x_rows[r])` for each row r; ids out of range give zero rows."""
+    num_experts = params["w_gate_up"].shape[0]
+    valid = (expert >= 0) & (expert < num_experts)
+    e = jnp.where(valid, expert, 0)
+    h = jnp.einsum("rh,rhn->rn", x_rows, params["w_gate_up"][e], precision=_HI)
+    if "b_gate_up" in params:
+        h = h + params["b_gate_up"][e]
+    a = glu(*split_gate_up(h, activation), activation)
+    y = jnp.einsum("ri,rih->rh", a, params["w_down"][e], precision=_HI)
+    if "b_down" in params:
+        y = y + params["b_down"][e]
+    return jnp.where(valid[:, None], y, 0)
+
+
+def _chunked_rows(fn, rows: int, chunk: int, *operands):
+    """Apply `fn` to `chunk` rows of each operand at a time (bounded memory), concatenate."""
+    pad = -rows % chunk
+    padded = [jnp.pad(o, [(0, pad)] + [(0, 0)] * (o.ndim - 1)) for o in operands]
+    batched = [o.reshape(-1, chunk, *o.shape[1:]) for o in padded]
+    out = jax.lax.map(lambda args: fn(*args), batched)
+    return out.reshape(-1, *out.shape[2:])[:rows]
+
+
+def moe_experts_reference(
+    x, topk_idx, topk_weight, params, *, activation: Activation, dtype=jnp.float32, chunk=8
+) -> jax.Array:
+    """The MoE-way oracle: sort by expert, apply each row's expert, un-sort, weighted sum."""
+    params = _cast_params(params, dtype)
+    x = jnp.asarray(x).astype(dtype)
+    num_tokens, top_k = topk_idx.shape
+    num_experts = params["w_gate_up"].shape[0]
+    flat_idx = topk_idx.reshape(-1).astype(jnp.int32)
+    sort_key = jnp.where((flat_idx >= 0) & (flat_idx < num_experts), flat_idx, num_experts)
+    order = jnp.argsort(sort_key, stable=True)
+    row_expert = flat_idx[order]
+    row_token = order // top_k
+    y_sorted = _chunked_rows(
+        lambda e, rows: expert_apply(params, e, rows, activation),
+        order.shape[0], chunk, row_expert, x[row_token],
+    )
+    y_pairs = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
+    w = topk_weight.astype(dtype).reshape(num_tokens, top_k, 1)
+    return jnp.sum(y_pairs.reshape(num_tokens, top_k, -1) * w, axis=1)
+
+
+def moe_experts_loop(
+    x, topk_idx, topk_weight, params, *, activation: Activation, dtype=jnp.float32, chunk=8
+) -> jax.Array:
+    """The per-token oracle: for each token, sum its k weighted expert outputs."""
+    params = _cast_params(params, dtype)
+    x = jnp.asarray(x).astype(dtype)
+    top_k = topk_idx.shape[1]
+
+    def token_rows(idx_rows, w_rows, x_rows):
+        out = jnp.zeros(x_rows.shape, dtype)
+        for j in range(top_k):
+            out = out + w_rows[:, j, None] * expert_apply(params, idx_rows[:, j], x_rows, activation)
+        return out
+
+    return _chunked_rows(
+        token_rows, x.shape[0], chunk, topk_idx.astype(jnp.int32), topk_weight.astype(dtype), x
+    )
