@@ -45,8 +45,10 @@ def dispatch(topk_idx: jax.Array, num_experts: int) -> Dispatch:
     num_pairs = expert.shape[0]
     key = jnp.where((expert >= 0) & (expert < num_experts), expert, num_experts)
     row_pair = jnp.argsort(key, stable=True).astype(jnp.int32)
-    pair_row = jnp.zeros_like(row_pair).at[row_pair].set(
-        jnp.arange(num_pairs, dtype=jnp.int32), unique_indices=True
+    pair_row = (
+        jnp.zeros_like(row_pair)
+        .at[row_pair]
+        .set(jnp.arange(num_pairs, dtype=jnp.int32), unique_indices=True)
     )
     # Offsets from the sorted keys: a binary search per expert, cheaper than a scatter-add.
     group_offsets = jnp.searchsorted(
@@ -63,10 +65,10 @@ def dispatch(topk_idx: jax.Array, num_experts: int) -> Dispatch:
 
 def num_visits(num_rows: int, num_groups: int, block_m: int) -> int:
     """Static length of the tile schedule for `num_rows` rows in `num_groups` groups."""
-    return pl_cdiv(num_rows, block_m) + min(num_groups + 1, num_rows) - 1
+    return _cdiv(num_rows, block_m) + min(num_groups + 1, num_rows) - 1
 
 
-def pl_cdiv(a: int, b: int) -> int:
+def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 

@@ -1,0 +1,63 @@
+"""Block configurations of the grouped matmuls, per shape class, for the H200.
+
+The table below is rewritten by `benchmarks/autotune_gmm.py`; edit it there, not by hand.
+Shape class: the kernel ("gmm", "gmm_t" for the transposed-rhs gmm, "tgmm") and the average number
+of rows per group (`rows_class`): few rows per group are weight-bandwidth bound (small block_m,
+narrow block_n so every SM streams a slice of the weights), many rows are compute bound.
+"""
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockConfig:
+    block_m: int = 64
+    block_n: int = 128
+    block_k: int = 64
+    group_m: int = 8  # m-tiles walked together across n (weight slabs reused from L2)
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def fit(self, m: int, k: int, n: int) -> "BlockConfig":
+        """Shrink blocks to the problem (power of 2, at least 16: the Triton dot's minimum)."""
+
+        def clamp(block: int, dim: int) -> int:
+            return min(block, max(16, 1 << max(dim - 1, 0).bit_length()))
+
+        return dataclasses.replace(
+            self,
+            block_m=clamp(self.block_m, m),
+            block_n=clamp(self.block_n, n),
+            block_k=clamp(self.block_k, k),
+        )
+
+
+# BEGIN TABLE (autotune_gmm.py)
+_TABLE: dict[tuple[str, str], BlockConfig] = {
+    ("gmm", "tiny"): BlockConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
+    ("gmm", "small"): BlockConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4),
+    ("gmm", "large"): BlockConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
+    ("gmm_t", "tiny"): BlockConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
+    ("gmm_t", "small"): BlockConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4),
+    ("gmm_t", "large"): BlockConfig(
+        block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3
+    ),
+    ("tgmm", "tiny"): BlockConfig(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=3),
+    ("tgmm", "small"): BlockConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
+    ("tgmm", "large"): BlockConfig(block_m=64, block_n=128, block_k=128, num_warps=8, num_stages=3),
+}
+# END TABLE
+
+
+def rows_class(num_rows: int, num_groups: int) -> str:
+    rows_per_group = num_rows / max(num_groups, 1)
+    if rows_per_group <= 16:
+        return "tiny"
+    if rows_per_group <= 128:
+        return "small"
+    return "large"
+
+
+def pick(kernel: str, num_rows: int, num_groups: int, k: int, n: int) -> BlockConfig:
+    """The table's config for this shape, fitted to it."""
+    return _TABLE[(kernel, rows_class(num_rows, num_groups))].fit(num_rows, k, n)

@@ -1,0 +1,247 @@
+"""Grouped matmul: out[m] = epilogue(lhs[src(m)] @ rhs[group(m)]), Pallas Triton lowering.
+
+Math. Rows m in [0, M) are split into G contiguous groups by `group_sizes`; row m of the product
+reads `lhs[lhs_row_index[m]]` (or `lhs[m]`) and multiplies it by `rhs[g]` (`[K, N]`, or `[N, K]`
+with `transpose_rhs`) of its group g, accumulating in float32. The epilogue then adds `bias[g]`,
+applies the GLU `activation` (rhs has 2·N_out columns: two accumulators per tile, gate and up,
+in the layout of the activation, see `moe_pallas.activations`), and multiplies by
+`row_scale[m]`. Rows past sum(group_sizes) are written as zeros.
+
+Tiling. A 1-D grid over (visit, n-tile) pairs, where the visits come from
+`dispatch.tile_schedule`: each visit is one block_m-row m-tile restricted to one group (tiles that
+straddle a group boundary are visited once per group, with row masks), so no row is padded and
+no `lhs[perm]` copy is made: the row gather happens in the kernel. Each program loops over K in
+block_k steps with a [block_m, block_n] float32 accumulator (two for a GLU). Programs are
+swizzled in bands of `group_m` visits so that consecutive programs reuse one expert's weight slab
+from L2 (compute-bound case); with few rows per expert, a narrow block_n spreads each hit
+expert's weights over all SMs (bandwidth-bound case). Triton needs power-of-2 blocks: K and N
+tails are masked.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from moe_pallas import _backend, dispatch
+from moe_pallas.activations import glu
+from moe_pallas.kernels import config as _config
+
+_ACTIVATIONS = (None, "swiglu", "gptoss")
+
+
+def _and(a, b):
+    return b if a is None else a if b is None else a & b
+
+
+def _gmm_kernel(
+    *refs,
+    num_groups: int,
+    num_visits: int,
+    k_dim: int,
+    n_out: int,
+    cfg: _config.BlockConfig,
+    gather: bool,
+    transpose_rhs: bool,
+    has_bias: bool,
+    activation: str | None,
+    has_row_scale: bool,
+    compute_dtype,
+):
+    it = iter(refs)
+    group_ref, m_start_ref, row_start_ref, row_end_ref = (next(it) for _ in range(4))
+    row_index_ref = next(it) if gather else None
+    lhs_ref, rhs_ref = next(it), next(it)
+    bias_ref = next(it) if has_bias else None
+    row_scale_ref = next(it) if has_row_scale else None
+    out_ref = next(it)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+
+    # Swizzle: walk group_m visits down each n-column before moving right.
+    n_tiles = pl.cdiv(n_out, bn)
+    pid = pl.program_id(0)
+    band = cfg.group_m * n_tiles
+    first_v = (pid // band) * cfg.group_m
+    band_rows = jnp.minimum(num_visits - first_v, cfg.group_m)
+    v = first_v + (pid % band) % band_rows
+    n0 = ((pid % band) // band_rows) * bn
+
+    g = group_ref[v]
+    m0 = m_start_ref[v]
+    rows = m0 + jnp.arange(bm, dtype=jnp.int32)
+    row_ok = (rows >= row_start_ref[v]) & (rows < row_end_ref[v])
+    cols = n0 + jnp.arange(bn, dtype=jnp.int32)
+    n_mask = cols < n_out if n_out % bn else None
+    out_mask = _and(row_ok[:, None], None if n_mask is None else n_mask[None, :])
+    used = row_start_ref[v] < row_end_ref[v]
+
+    @pl.when(used & (g == num_groups))
+    def _tail_rows():
+        plgpu.store(
+            out_ref.at[pl.ds(m0, bm), pl.ds(n0, bn)],
+            jnp.zeros((bm, bn), out_ref.dtype),
+            mask=out_mask,
+        )
+
+    @pl.when(used & (g < num_groups))
+    def _grouped_rows():
+        if gather:
+            src = plgpu.load(row_index_ref.at[pl.ds(m0, bm)], mask=row_ok, other=0)
+        # Column indices of the accumulator(s) in rhs (and bias): gate/up halves for a GLU.
+        if activation == "swiglu":
+            rhs_cols = (cols, cols + n_out)
+        elif activation == "gptoss":
+            rhs_cols = (2 * cols, 2 * cols + 1)
+        else:
+            rhs_cols = (cols,)
+
+        def body(i, accs):
+            k0 = i * bk
+            ks = k0 + jnp.arange(bk, dtype=jnp.int32)
+            k_mask = ks < k_dim if k_dim % bk else None
+            if gather:
+                a = plgpu.load(
+                    lhs_ref.at[src[:, None], ks[None, :]],
+                    mask=None if k_mask is None else k_mask[None, :],
+                    other=0,
+                )
+            else:
+                a = plgpu.load(
+                    lhs_ref.at[pl.ds(m0, bm), pl.ds(k0, bk)],
+                    mask=_and(row_ok[:, None], None if k_mask is None else k_mask[None, :]),
+                    other=0,
+                )
+            a = a.astype(compute_dtype)
+            kn_mask = _and(
+                None if k_mask is None else k_mask[:, None],
+                None if n_mask is None else n_mask[None, :],
+            )
+            new = []
+            for acc, c in zip(accs, rhs_cols):
+                if transpose_rhs:
+                    b = plgpu.load(
+                        rhs_ref.at[g, pl.ds(n0, bn), pl.ds(k0, bk)],
+                        mask=None if kn_mask is None else kn_mask.T,
+                        other=0,
+                    )
+                    new.append(acc + plgpu.dot(a, b.astype(compute_dtype), trans_b=True))
+                else:
+                    b = plgpu.load(rhs_ref.at[g, ks[:, None], c[None, :]], mask=kn_mask, other=0)
+                    new.append(acc + plgpu.dot(a, b.astype(compute_dtype)))
+            return tuple(new)
+
+        accs = tuple(jnp.zeros((bm, bn), jnp.float32) for _ in rhs_cols)
+        accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), body, accs)
+        if has_bias:
+            accs = tuple(
+                acc
+                + plgpu.load(bias_ref.at[g, c], mask=n_mask, other=0).astype(jnp.float32)[None, :]
+                for acc, c in zip(accs, rhs_cols)
+            )
+        out = glu(accs[0], accs[1], activation) if activation else accs[0]
+        if has_row_scale:
+            scale = plgpu.load(row_scale_ref.at[pl.ds(m0, bm)], mask=row_ok, other=0)
+            out = out * scale.astype(jnp.float32)[:, None]
+        plgpu.store(
+            out_ref.at[pl.ds(m0, bm), pl.ds(n0, bn)], out.astype(out_ref.dtype), mask=out_mask
+        )
+
+
+def gmm(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    lhs_row_index: jax.Array | None = None,
+    num_rows: int | None = None,
+    transpose_rhs: bool = False,
+    bias: jax.Array | None = None,
+    activation: str | None = None,
+    row_scale: jax.Array | None = None,
+    out_dtype=None,
+    config: _config.BlockConfig | None = None,
+) -> jax.Array:
+    """Grouped matmul with in-kernel row gather and a fused epilogue (see the module docstring).
+
+    lhs `[M_src, K]`; lhs_row_index `[M]` int32 (row m reads lhs[lhs_row_index[m]]), else M = M_src;
+    num_rows: static number of product rows M (default: all of them); rhs `[G, K, N]`
+    (`[G, N, K]` if transpose_rhs); group_sizes `[G]` int32; bias `[G, N]` in rhs's column layout;
+    activation None | "swiglu" | "gptoss" (then N = 2·N_out); row_scale `[M]`. Returns
+    `[M, N_out]` in out_dtype (default lhs.dtype).
+    """
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation={activation!r} must be one of {_ACTIVATIONS}.")
+    if lhs.ndim != 2 or rhs.ndim != 3:
+        raise ValueError(f"gmm needs lhs [M, K] and rhs [G, K, N]; got {lhs.shape}, {rhs.shape}.")
+    num_groups = rhs.shape[0]
+    k_dim, n_dim = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else rhs.shape[1:]
+    if lhs.shape[1] != k_dim:
+        raise ValueError(f"lhs has K={lhs.shape[1]} columns but rhs contracts over K={k_dim}.")
+    if group_sizes.shape != (num_groups,):
+        raise ValueError(f"group_sizes must be [{num_groups}], got {group_sizes.shape}.")
+    if activation is not None and (transpose_rhs or n_dim % 2):
+        raise ValueError("a GLU activation needs a non-transposed rhs with an even column count.")
+    if bias is not None and bias.shape != (num_groups, n_dim):
+        raise ValueError(f"bias must be [{num_groups}, {n_dim}], got {bias.shape}.")
+    gather = lhs_row_index is not None
+    m_avail = lhs_row_index.shape[0] if gather else lhs.shape[0]
+    num_rows = m_avail if num_rows is None else num_rows
+    if num_rows > m_avail:
+        raise ValueError(f"num_rows={num_rows} exceeds the {m_avail} rows available.")
+    if row_scale is not None and row_scale.shape[0] < num_rows:
+        raise ValueError(f"row_scale must have {num_rows} entries, got {row_scale.shape}.")
+    n_out = n_dim // 2 if activation else n_dim
+    out_dtype = jnp.dtype(out_dtype or lhs.dtype)
+    if num_rows == 0 or n_out == 0:
+        return jnp.zeros((num_rows, n_out), out_dtype)
+    if k_dim == 0:
+        return gmm(
+            jnp.zeros((1, 16), lhs.dtype),
+            jnp.zeros((num_groups, 16, n_dim), rhs.dtype),
+            group_sizes,
+            lhs_row_index=jnp.zeros((num_rows,), jnp.int32),
+            bias=bias,
+            activation=activation,
+            row_scale=row_scale,
+            out_dtype=out_dtype,
+            config=config,
+        )
+
+    kernel_name = "gmm_t" if transpose_rhs else "gmm"
+    cfg = (config or _config.pick(kernel_name, num_rows, num_groups, k_dim, n_out)).fit(
+        num_rows, k_dim, n_out
+    )
+    sched = dispatch.tile_schedule(group_sizes, num_rows, cfg.block_m)
+    num_visits = sched.group.shape[0]
+    operands = [sched.group, sched.m_start, sched.row_start, sched.row_end]
+    if gather:
+        operands.append(lhs_row_index.astype(jnp.int32))
+    operands += [lhs, rhs]
+    if bias is not None:
+        operands.append(bias)
+    if row_scale is not None:
+        operands.append(row_scale)
+    kernel = functools.partial(
+        _gmm_kernel,
+        num_groups=num_groups,
+        num_visits=num_visits,
+        k_dim=k_dim,
+        n_out=n_out,
+        cfg=cfg,
+        gather=gather,
+        transpose_rhs=transpose_rhs,
+        has_bias=bias is not None,
+        activation=activation,
+        has_row_scale=row_scale is not None,
+        compute_dtype=jnp.promote_types(lhs.dtype, rhs.dtype),
+    )
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((num_rows, n_out), out_dtype),
+        grid=(num_visits * pl.cdiv(n_out, cfg.block_n),),
+        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        interpret=_backend.interpret_mode(),
+        name=kernel_name,
+    )(*operands)

@@ -1,0 +1,118 @@
+"""Transposed grouped matmul: out[g] = lhs[rows of g]ᵀ @ rhs[rows of g], Pallas Triton lowering.
+
+Math. Rows m in [0, M) are split into contiguous groups by `group_sizes`; for each group g,
+`out[g] = Σ_{m in g} lhs[src(m)]ᵀ ⊗ rhs[m]` (`[K, N]`, float32 accumulation), where
+src(m) = lhs_row_index[m] if given (gathered in the kernel) else m. This is the weight gradient of
+`gmm`. Empty groups give exact zeros; rows past sum(group_sizes) contribute nothing.
+
+Tiling. A 3-D grid (n-tile, k-tile, group), n fastest so that the programs of one group run
+together and share its rows from L2. Each program owns one [block_k, block_n] output tile and loops
+over its group's rows in block_m steps (a dynamic trip count; the first and last steps are
+masked, the group start need not be aligned). K and N tails are masked.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from moe_pallas import _backend
+from moe_pallas.kernels import config as _config
+
+
+def _tgmm_kernel(
+    *refs, k_dim: int, n_dim: int, cfg: _config.BlockConfig, gather: bool, compute_dtype
+):
+    if gather:
+        group_offsets_ref, row_index_ref, lhs_ref, rhs_ref, out_ref = refs
+    else:
+        group_offsets_ref, lhs_ref, rhs_ref, out_ref = refs
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    n0 = pl.program_id(0) * bn
+    k0 = pl.program_id(1) * bk
+    g = pl.program_id(2)
+    start, end = group_offsets_ref[g], group_offsets_ref[g + 1]
+    ks = k0 + jnp.arange(bk, dtype=jnp.int32)
+    ns = n0 + jnp.arange(bn, dtype=jnp.int32)
+    k_mask = (ks < k_dim)[None, :] if k_dim % bk else None
+    n_mask = (ns < n_dim)[None, :] if n_dim % bn else None
+
+    def body(i, acc):
+        r0 = start + i * bm
+        row_ok = (r0 + jnp.arange(bm, dtype=jnp.int32) < end)[:, None]
+        a_mask = row_ok if k_mask is None else row_ok & k_mask
+        if gather:
+            src = plgpu.load(row_index_ref.at[pl.ds(r0, bm)], mask=row_ok[:, 0], other=0)
+            a = plgpu.load(lhs_ref.at[src[:, None], ks[None, :]], mask=a_mask, other=0)
+        else:
+            a = plgpu.load(lhs_ref.at[pl.ds(r0, bm), pl.ds(k0, bk)], mask=a_mask, other=0)
+        b_mask = row_ok if n_mask is None else row_ok & n_mask
+        b = plgpu.load(rhs_ref.at[pl.ds(r0, bm), pl.ds(n0, bn)], mask=b_mask, other=0)
+        return acc + plgpu.dot(a.astype(compute_dtype), b.astype(compute_dtype), trans_a=True)
+
+    acc = jax.lax.fori_loop(0, pl.cdiv(end - start, bm), body, jnp.zeros((bk, bn), jnp.float32))
+    out_mask = (
+        None
+        if k_mask is None and n_mask is None
+        else ((ks < k_dim)[:, None] & (ns < n_dim)[None, :])
+    )
+    plgpu.store(
+        out_ref.at[g, pl.ds(k0, bk), pl.ds(n0, bn)], acc.astype(out_ref.dtype), mask=out_mask
+    )
+
+
+def tgmm(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    lhs_row_index: jax.Array | None = None,
+    num_groups: int | None = None,
+    out_dtype=None,
+    config: _config.BlockConfig | None = None,
+) -> jax.Array:
+    """`[G, K, N]` per-group products `lhs[rows of g]ᵀ @ rhs[rows of g]` (module docstring).
+
+    lhs `[M_src, K]` (row m read as lhs[lhs_row_index[m]] when lhs_row_index `[M]` is given, else
+    M_src = M); rhs `[M, N]`; group_sizes `[≥G]` int32 (the first num_groups are used, default all).
+    """
+    if lhs.ndim != 2 or rhs.ndim != 2:
+        raise ValueError(f"tgmm needs lhs [M, K] and rhs [M, N]; got {lhs.shape}, {rhs.shape}.")
+    gather = lhs_row_index is not None
+    num_rows = rhs.shape[0]
+    if (lhs_row_index.shape[0] if gather else lhs.shape[0]) != num_rows:
+        raise ValueError(
+            f"tgmm contracts over rows: lhs{' row index' if gather else ''} and rhs "
+            f"({rhs.shape[0]} rows) must have the same number of rows."
+        )
+    num_groups = group_sizes.shape[0] if num_groups is None else num_groups
+    k_dim, n_dim = lhs.shape[1], rhs.shape[1]
+    out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
+    if num_groups == 0 or k_dim == 0 or n_dim == 0 or num_rows == 0:
+        return jnp.zeros((num_groups, k_dim, n_dim), out_dtype)
+    cfg = (config or _config.pick("tgmm", num_rows, num_groups, k_dim, n_dim)).fit(
+        num_rows, k_dim, n_dim
+    )
+    ends = jnp.minimum(jnp.cumsum(group_sizes[:num_groups].astype(jnp.int32)), num_rows)
+    group_offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends])
+    operands = [group_offsets]
+    if gather:
+        operands.append(lhs_row_index.astype(jnp.int32))
+    kernel = functools.partial(
+        _tgmm_kernel,
+        k_dim=k_dim,
+        n_dim=n_dim,
+        cfg=cfg,
+        gather=gather,
+        compute_dtype=jnp.promote_types(lhs.dtype, rhs.dtype),
+    )
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((num_groups, k_dim, n_dim), out_dtype),
+        grid=(pl.cdiv(n_dim, cfg.block_n), pl.cdiv(k_dim, cfg.block_k), num_groups),
+        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        interpret=_backend.interpret_mode(),
+        name="tgmm",
+    )(*operands, lhs, rhs)
