@@ -2,7 +2,21 @@
 
 from moe_pallas.debug import debug_checks
 from moe_pallas.experts import moe_experts
+from moe_pallas.layer import MoE
+from moe_pallas.ops import ragged_dot, tgmm
+from moe_pallas.parallel import expert_mesh
 from moe_pallas.routing import route
+from moe_pallas.weights import load_experts, set_expert_params
 
-__all__ = ["debug_checks", "moe_experts", "route"]
+__all__ = [
+    "MoE",
+    "debug_checks",
+    "expert_mesh",
+    "load_experts",
+    "moe_experts",
+    "ragged_dot",
+    "route",
+    "set_expert_params",
+    "tgmm",
+]
 __version__ = "0.1.0"
