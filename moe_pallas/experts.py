@@ -3,8 +3,11 @@
     out[t] = sum_j topk_weight[t, j] * (act(x[t] @ w_gate_up[e] + b_gate_up[e]) @ w_down[e] + b_down[e])
     with e = topk_idx[t, j]
 
+Backends: "xla" (jax.lax.ragged_dot) and "pallas_triton" (the fused kernels of `moe_pallas.fused`,
+with one custom_vjp over the block); "auto" picks pallas_triton on GPU and xla elsewhere.
 Numerics on every backend: matmuls accumulate in float32; the activation is stored in x's dtype
-(as the fused kernels do); bias, routing weight and the sum over k are float32; out has x's dtype.
+(as the fused kernels do); bias and routing weight are applied in float32; each token sums its k
+rows in float32 (the fused path rounds each weighted row to x's dtype first); out has x's dtype.
 Expert ids outside [0, E) contribute zero (use `moe_pallas.debug_checks()` to make them an error).
 """
 
@@ -14,7 +17,7 @@ from typing import Any, Literal
 import jax
 import jax.numpy as jnp
 
-from moe_pallas import debug
+from moe_pallas import _backend, debug, fused
 from moe_pallas.activations import ACTIVATIONS, Activation, glu, split_gate_up
 
 Implementation = Literal["auto", "xla", "pallas_triton", "mosaic_gpu"]
@@ -86,16 +89,13 @@ def validate(x, topk_idx, topk_weight, params, activation) -> dict[str, jax.Arra
 
 
 def resolve_implementation(implementation: str) -> str:
-    """Map "auto" to the best backend available on this platform; reject unknown names."""
+    """Map "auto" to the best backend of this platform (pallas_triton on GPU, else xla).
+
+    An explicit "pallas_triton" off GPU runs the kernels in interpret mode (slow; tests, notebooks).
+    """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f"implementation={implementation!r}; use one of {IMPLEMENTATIONS}.")
-    if implementation == "auto":
-        return "xla"
-    if implementation in ("pallas_triton", "mosaic_gpu"):
-        raise NotImplementedError(
-            f"implementation={implementation!r} is not available for moe_experts yet; use 'xla'."
-        )
-    return implementation
+    return _backend.resolve(implementation)
 
 
 def sort_by_expert(topk_idx: jax.Array, num_experts: int):
@@ -140,7 +140,12 @@ def moe_experts(
     *,
     activation: Activation,
     implementation: Implementation = "auto",
-) -> jax.Array:
+    mesh: jax.sharding.Mesh | None = None,
+    expert_axis: str = "expert",
+    exchange: str = "auto",
+    capacity_factor: float | None = None,
+    return_stats: bool = False,
+) -> jax.Array | tuple[jax.Array, dict]:
     """Apply each token's top-k experts and sum them with the routing weights.
 
     Args:
@@ -152,15 +157,33 @@ def moe_experts(
       activation: "swiglu" (gate = first I columns of gate_up) or "gptoss" (gate = even columns,
         clamped GLU with alpha 1.702, limit 7).
       implementation: "auto" (best for the platform), "xla", "pallas_triton", "mosaic_gpu".
+      mesh: a `jax.sharding.Mesh` (e.g. `moe_pallas.expert_mesh()`) to run expert-parallel in
+        `jax.shard_map`: experts split over `expert_axis`, tokens over every mesh axis; same
+        global arrays in and out. None: one device. See `moe_pallas.parallel`.
+      expert_axis: the mesh axis the experts are split over.
+      exchange: "auto", "all_to_all" (fixed capacity, any platform) or "ragged"
+        (`jax.lax.ragged_all_to_all`, GPU).
+      capacity_factor: receive buffer per device in units of its balanced load; None (default)
+        sizes it for the worst case and never drops. Dropped rows contribute zero, are counted in
+        the stats, and raise under `moe_pallas.debug_checks()`.
+      return_stats: also return `{"dropped_rows", "rows_per_shard", "capacity_rows"}`.
     Returns:
-      `out [T, H]` in x's dtype.
+      `out [T, H]` in x's dtype; `(out, stats)` if return_stats.
     """
     x, topk_idx, topk_weight = jnp.asarray(x), jnp.asarray(topk_idx), jnp.asarray(topk_weight)
     params = validate(x, topk_idx, topk_weight, params, activation)
     backend = resolve_implementation(implementation)
     debug.check_routing(x, topk_idx, topk_weight, params["w_gate_up"].shape[0])
+    if mesh is not None or return_stats:
+        from moe_pallas.parallel import moe_experts_parallel  # parallel imports this module
+
+        out, stats = moe_experts_parallel(
+            x, topk_idx, topk_weight, params, activation=activation, implementation=implementation,
+            mesh=mesh, expert_axis=expert_axis, exchange=exchange, capacity_factor=capacity_factor,
+        )
+        return (out, stats) if return_stats else out
     if x.shape[0] == 0:
         return jnp.zeros_like(x)
     if backend == "xla":
         return _experts_xla(x, topk_idx, topk_weight, params, activation)
-    raise AssertionError(backend)
+    return fused.fused_experts(x, topk_idx, topk_weight, params, activation)
