@@ -1,0 +1,337 @@
+"""What the runner times: our backends and the peers, each prepared for one case.
+
+An implementation's `prepare(case, inputs)` returns a `Prepared` (a zero-argument call that launches
+one step, how to wait for it, and its peak memory), or raises `Skip` with the reason (not importable,
+not implemented, would not fit). Layer cases time the whole expert layer (dispatch → gate_up →
+activation → down → combine), "train" cases its forward + backward (gradients of x, weights and
+routing weights); gmm/tgmm cases time one grouped matmul.
+
+  moe_pallas:<backend>  `moe_pallas.moe_experts(..., implementation=backend)`; gmm cases use
+                        `moe_pallas.ragged_dot` / `moe_pallas.tgmm` once they exist.
+  jax.lax.ragged_dot    our "xla" backend: jax.lax.ragged_dot (on GPU a dense masked matmul).
+  tokamax               the same glue around `tokamax.ragged_dot(implementation="mosaic")`.
+  torch._grouped_mm     the same glue in PyTorch around `torch._grouped_mm`, combine by index_add_.
+  torch loop            the seeds' loop over experts with `index_add_`.
+"""
+
+import dataclasses
+import importlib
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import moe_pallas
+from moe_pallas import experts as _experts
+from moe_pallas.activations import glu, split_gate_up
+from moe_pallas.dispatch import dispatch
+
+from benchmarks.cases import Case
+
+
+class Skip(Exception):
+    """The implementation does not run this case; the message says why."""
+
+
+@dataclasses.dataclass
+class Prepared:
+    call: Callable[[], Any]  # launches one step, returns its (possibly still running) output
+    wait: Callable[[Any], Any]  # blocks until an output is ready
+    peak_bytes: float | None  # device memory of one step (jax: compiled arguments+outputs+temps)
+    compile_s: float
+    output: Callable[[Any], jax.Array | None]  # the comparable output of a step (fwd/gmm), or None
+
+
+# ---------------------------------------------------------------- jax side
+
+
+def _ragged_layer(x, topk_idx, topk_weight, params, activation, ragged_dot):
+    """The expert layer around any `ragged_dot(lhs, rhs, group_sizes) -> f32`, plain JAX glue."""
+    num_tokens, top_k = topk_idx.shape
+    d = dispatch(topk_idx, params["w_gate_up"].shape[0])
+    row_expert = topk_idx.reshape(-1)[d.row_pair]
+    h = ragged_dot(x[d.row_token], params["w_gate_up"], d.group_sizes)
+    if "b_gate_up" in params:
+        h = h + params["b_gate_up"].astype(jnp.float32)[row_expert]
+    a = glu(*split_gate_up(h, activation), activation).astype(x.dtype)
+    y = ragged_dot(a, params["w_down"], d.group_sizes)
+    if "b_down" in params:
+        y = y + params["b_down"].astype(jnp.float32)[row_expert]
+    y = y * topk_weight.reshape(-1)[d.row_pair].astype(jnp.float32)[:, None]
+    return jnp.sum(y[d.pair_row].reshape(num_tokens, top_k, -1), axis=1).astype(x.dtype)
+
+
+def _train_step(layer):
+    """Gradients of <layer(x, ...), dout> with respect to x, the params and topk_weight."""
+
+    def step(x, topk_idx, topk_weight, params, dout):
+        def loss(x, topk_weight, params):
+            return jnp.vdot(layer(x, topk_idx, topk_weight, params).astype(jnp.float32), dout)
+
+        return jax.grad(loss, argnums=(0, 1, 2))(x, topk_weight, params)
+
+    return step
+
+
+def _prepare_jax(fn, args, train_output=False) -> Prepared:
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    compile_s = time.perf_counter() - start
+    mem = compiled.memory_analysis()
+    peak = None
+    if mem is not None:
+        peak = float(mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes)
+    return Prepared(
+        call=lambda: compiled(*args),
+        wait=jax.block_until_ready,
+        peak_bytes=peak,
+        compile_s=compile_s,
+        output=(lambda out: None) if train_output else (lambda out: out),
+    )
+
+
+def _jax_case(case: Case, inputs: dict, layer, ragged_dot) -> Prepared:
+    """Prepare a jax implementation given its layer function and its gmm function."""
+    x, topk_idx, topk_weight, params = (inputs[k] for k in ("x", "topk_idx", "topk_weight", "params"))
+    if case.mode == "fwd":
+        return _prepare_jax(layer, (x, topk_idx, topk_weight, params))
+    if case.mode == "train":
+        dout = inputs["dout"]
+        return _prepare_jax(_train_step(layer), (x, topk_idx, topk_weight, params, dout), True)
+    lhs, rhs, group_sizes = inputs["lhs"], inputs["rhs"], inputs["group_sizes"]
+    if case.mode == "gmm":
+        return _prepare_jax(ragged_dot, (lhs, rhs, group_sizes))
+
+    def tgmm(lhs, dy, group_sizes):  # dW[g] = lhs[g]ᵀ @ dy[g]: the transpose rule of ragged_dot
+        _, vjp = jax.vjp(lambda w: ragged_dot(lhs, w, group_sizes), rhs)
+        return vjp(dy.astype(jnp.float32))[0]
+
+    return _prepare_jax(tgmm, (lhs, inputs["dy"], group_sizes))
+
+
+def _ours(backend: str):
+    def prepare(case: Case, inputs: dict) -> Prepared:
+        activation = case.workload.activation
+        if case.mode in ("gmm", "tgmm"):
+            op = getattr(moe_pallas, "ragged_dot" if case.mode == "gmm" else "tgmm", None)
+            if op is None:
+                raise Skip(f"moe_pallas has no {case.mode} op yet (moe_pallas/ops.py)")
+            if case.mode == "gmm":
+                return _prepare_jax(
+                    lambda lhs, rhs, gs: op(lhs, rhs, gs, implementation=backend,
+                                            preferred_element_type=jnp.float32),
+                    (inputs["lhs"], inputs["rhs"], inputs["group_sizes"]),
+                )
+            return _prepare_jax(
+                lambda lhs, dy, gs: op(lhs, dy, gs, implementation=backend),
+                (inputs["lhs"], inputs["dy"], inputs["group_sizes"]),
+            )
+        try:
+            _experts.resolve_implementation(backend)
+        except NotImplementedError as err:
+            raise Skip(f"not implemented: {err}") from None
+
+        def layer(x, topk_idx, topk_weight, params):
+            return moe_pallas.moe_experts(
+                x, topk_idx, topk_weight, params, activation=activation, implementation=backend
+            )
+
+        return _jax_case(case, inputs, layer, None)
+
+    return prepare
+
+
+def _xla_dense_estimate(case: Case) -> tuple[float, float]:
+    """(bytes, seconds) of jax.lax.ragged_dot's dense GPU fallback: every row times every group."""
+    w = case.workload
+    m = case.tokens * w.top_k
+    width = max(2 * w.inter, w.hidden)
+    flops = 2.0 * m * w.experts * (w.hidden * 2 * w.inter + w.inter * w.hidden)
+    if case.mode in ("gmm", "tgmm"):
+        mm, k, n = case.gmm_shape()
+        width, flops = n, 2.0 * mm * w.experts * k * n
+    scale = 3 if case.mode == "train" else 1
+    return m * w.experts * width * 4.0 * scale, scale * flops / 7e14  # ~700 TFLOP/s measured
+
+
+def _prepare_xla(case: Case, inputs: dict) -> Prepared:
+    if jax.default_backend() == "gpu":
+        need, seconds = _xla_dense_estimate(case)
+        limit = jax.devices()[0].memory_stats().get("bytes_limit", 0)
+        if limit and need > 0.8 * limit:
+            raise Skip(f"would not fit: the dense fallback needs ~{need / 2**30:.0f} GiB (oom)")
+        if seconds > 1.0:
+            raise Skip(f"too slow: ~{seconds:.1f} s per call estimated (dense fallback)")
+
+    def ragged_dot(lhs, rhs, group_sizes):
+        return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=jnp.float32)
+
+    def layer(x, topk_idx, topk_weight, params):
+        return _experts._experts_xla(x, topk_idx, topk_weight, params, case.workload.activation)
+
+    return _jax_case(case, inputs, layer, ragged_dot)
+
+
+def _peer_path() -> None:
+    """Make the carried tokamax wheels importable (benchmarks/gpu_run.sh installs them there)."""
+    root = Path(__file__).resolve().parent.parent / ".peers"
+    for sub in ("stub", "site"):
+        if (root / sub).is_dir() and str(root / sub) not in sys.path:
+            sys.path.insert(0, str(root / sub))
+
+
+def _prepare_tokamax(case: Case, inputs: dict) -> Prepared:
+    _peer_path()
+    try:
+        tokamax = importlib.import_module("tokamax")
+    except Exception as err:  # noqa: BLE001 - any import failure means "not available here"
+        raise Skip(
+            f"tokamax not importable ({type(err).__name__}: {err}); see benchmarks/fetch_peers.sh"
+        ) from None
+    if jax.default_backend() != "gpu":
+        raise Skip("tokamax's mosaic ragged_dot needs a Hopper GPU")
+
+    def ragged_dot(lhs, rhs, group_sizes):
+        return tokamax.ragged_dot(
+            lhs, rhs, group_sizes, preferred_element_type=jnp.float32, implementation="mosaic"
+        )
+
+    def layer(x, topk_idx, topk_weight, params):
+        return _ragged_layer(x, topk_idx, topk_weight, params, case.workload.activation, ragged_dot)
+
+    return _jax_case(case, inputs, layer, ragged_dot)
+
+
+# ---------------------------------------------------------------- torch side
+
+
+def _torch():
+    try:
+        import torch  # noqa: PLC0415 - optional peer, not a dependency
+    except ImportError:
+        raise Skip("torch is not installed") from None
+    if not torch.cuda.is_available():
+        raise Skip("torch has no CUDA device")
+    return torch
+
+
+def _torch_glu(h, activation, torch):
+    if activation == "gptoss":
+        gate, up = h[..., 0::2].clamp(max=7.0), h[..., 1::2].clamp(-7.0, 7.0)
+        return (up + 1) * gate * torch.sigmoid(1.702 * gate)
+    gate, up = h.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def _torch_grouped_layer(torch, activation):
+    def layer(x, topk_idx, topk_weight, params):
+        num_experts = params["w_gate_up"].shape[0]
+        top_k = topk_idx.shape[1]
+        flat = topk_idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        token = order // top_k
+        offs = torch.cumsum(torch.bincount(flat, minlength=num_experts), 0).to(torch.int32)
+        row_expert = flat[order]
+        h = torch._grouped_mm(x[token], params["w_gate_up"], offs=offs).float()
+        if "b_gate_up" in params:
+            h = h + params["b_gate_up"][row_expert]
+        a = _torch_glu(h, activation, torch).to(x.dtype)
+        y = torch._grouped_mm(a, params["w_down"], offs=offs).float()
+        if "b_down" in params:
+            y = y + params["b_down"][row_expert]
+        y = y * topk_weight.reshape(-1)[order, None]
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device).index_add_(0, token, y)
+        return out.to(x.dtype)
+
+    return layer
+
+
+def _torch_loop_layer(torch, activation):
+    def layer(x, topk_idx, topk_weight, params):
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        for e in range(params["w_gate_up"].shape[0]):
+            token, slot = torch.where(topk_idx == e)
+            if token.numel() == 0:
+                continue
+            h = (x[token] @ params["w_gate_up"][e]).float()
+            if "b_gate_up" in params:
+                h = h + params["b_gate_up"][e]
+            y = (_torch_glu(h, activation, torch).to(x.dtype) @ params["w_down"][e]).float()
+            if "b_down" in params:
+                y = y + params["b_down"][e]
+            out.index_add_(0, token, y * topk_weight[token, slot, None])
+        return out.to(x.dtype)
+
+    return layer
+
+
+def _to_torch(value, torch):
+    return torch.from_dlpack(value) if isinstance(value, jax.Array) else value
+
+
+def _torch_prepare(case: Case, inputs: dict, layer, torch) -> Prepared:
+    t = {k: _to_torch(v, torch) for k, v in inputs.items() if k != "params"}
+    params = {k: torch.from_dlpack(v) for k, v in inputs["params"].items()}
+    if case.mode == "gmm":
+        lhs, rhs = t["lhs"], t["rhs"]
+        offs = torch.cumsum(t["group_sizes"], 0).to(torch.int32)
+        fn = lambda: torch._grouped_mm(lhs, rhs, offs=offs)  # noqa: E731
+    elif case.mode == "tgmm":
+        lhs_t, dy = t["lhs"].t(), t["dy"]
+        offs = torch.cumsum(t["group_sizes"], 0).to(torch.int32)
+        fn = lambda: torch._grouped_mm(lhs_t, dy, offs=offs)  # noqa: E731
+    elif case.mode == "fwd":
+        args = (t["x"], t["topk_idx"].long(), t["topk_weight"], params)
+        fn = lambda: layer(*args)  # noqa: E731
+    else:
+        x = t["x"].detach().clone().requires_grad_()
+        w = t["topk_weight"].detach().clone().requires_grad_()
+        p = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
+        idx, dout = t["topk_idx"].long(), t["dout"]
+
+        def fn():
+            out = layer(x, idx, w, p)
+            return torch.autograd.grad(out, (x, w, *p.values()), dout.to(out.dtype))
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return Prepared(
+        call=fn,
+        wait=lambda _: torch.cuda.synchronize(),
+        peak_bytes=float(torch.cuda.max_memory_allocated() - base),
+        compile_s=time.perf_counter() - start,
+        output=lambda out: jnp.asarray(out.float().cpu().numpy()) if case.mode != "train" else None,
+    )
+
+
+def _prepare_torch_grouped(case: Case, inputs: dict) -> Prepared:
+    torch = _torch()
+    if not hasattr(torch, "_grouped_mm"):
+        raise Skip(f"torch {torch.__version__} has no torch._grouped_mm")
+    return _torch_prepare(case, inputs, _torch_grouped_layer(torch, case.workload.activation), torch)
+
+
+def _prepare_torch_loop(case: Case, inputs: dict) -> Prepared:
+    if case.mode in ("gmm", "tgmm"):
+        raise Skip("the loop over experts is a layer, not a grouped matmul")
+    torch = _torch()
+    return _torch_prepare(case, inputs, _torch_loop_layer(torch, case.workload.activation), torch)
+
+
+OURS = tuple(f"moe_pallas:{b}" for b in _experts.IMPLEMENTATIONS if b not in ("auto", "xla"))
+PEERS = ("jax.lax.ragged_dot", "tokamax", "torch._grouped_mm", "torch loop")
+IMPLS: dict[str, Callable[[Case, dict], Prepared]] = {
+    **{name: _ours(name.split(":")[1]) for name in OURS},
+    "jax.lax.ragged_dot": _prepare_xla,
+    "tokamax": _prepare_tokamax,
+    "torch._grouped_mm": _prepare_torch_grouped,
+    "torch loop": _prepare_torch_loop,
+}

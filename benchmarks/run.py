@@ -1,0 +1,272 @@
+"""Benchmark runner: our backends and the peers on the suites, against the speed of light.
+
+    python -m benchmarks.run --suite gptoss|swiglu256|decode|train|gmm|all [--impls A,B] [--small]
+                             [--out DIR] [--ceiling datasheet|measured] [--budget SECONDS]
+
+Per (case, implementation): median time of blocking timings after a warm-up call (calls are batched
+so one sample lasts >= 2 ms, samples fill `--budget` seconds, at least 3), SOL from benchmarks/sol.py,
+% SOL = SOL / time, TFLOP/s, GB/s (of the SOL bytes), peak memory, relative error against
+jax.lax.ragged_dot where that ran. Writes results.json, results.csv, summary.md and the plots into
+--out (default benchmarks/results/<date>_<device>/). Skips and failures are rows too, with reasons.
+"""
+
+import argparse
+import csv
+import dataclasses
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+from tqdm import tqdm
+
+from benchmarks import cases as _cases
+from benchmarks import impls as _impls
+from benchmarks import sol as _sol
+from moe_pallas.dispatch import dispatch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FIELDS = (
+    "suite", "case", "workload", "mode", "tokens", "impl", "status", "message", "time_ms", "sol_ms",
+    "pct_sol", "tflops", "gbps", "intensity", "peak_mem_gib", "rel_err", "hit_experts", "samples",
+    "compile_s",
+)
+
+
+def _inputs(case: _cases.Case, params: dict) -> dict:
+    x, topk_idx, topk_weight = _cases.make_tokens(case)
+    inputs = {"x": x, "topk_idx": topk_idx, "topk_weight": topk_weight, "params": params}
+    key = jax.random.key(case.seed + 1)
+    if case.mode == "train":
+        inputs["dout"] = jax.random.normal(key, x.shape, jnp.float32)
+    if case.mode in ("gmm", "tgmm"):
+        d = dispatch(topk_idx, case.workload.experts)
+        m, k, n = case.gmm_shape()
+        lhs = x[d.row_token] if case.projection == "gate_up" else jax.random.normal(key, (m, k), x.dtype)
+        rhs = params["w_gate_up" if case.projection == "gate_up" else "w_down"]
+        inputs.update(lhs=lhs, rhs=rhs, group_sizes=d.group_sizes)
+        if case.mode == "tgmm":
+            inputs["dy"] = jax.random.normal(jax.random.fold_in(key, 1), (m, n), x.dtype)
+    return inputs
+
+
+def _cost(case: _cases.Case, hit: int) -> _sol.Cost:
+    w = case.workload
+    if case.mode == "gmm":
+        return _sol.gmm_cost(*case.gmm_shape(), hit)
+    if case.mode == "tgmm":
+        return _sol.tgmm_cost(*case.gmm_shape(), w.experts)
+    return _sol.layer_cost(
+        case.tokens, w.hidden, w.inter, w.top_k, hit, bias=w.bias, train=case.mode == "train"
+    )
+
+
+def measure(prep: _impls.Prepared, budget_s: float, min_samples: int = 3, max_samples: int = 50):
+    """(median seconds per call, samples, last output): warm-up, then batched blocking samples."""
+    prep.wait(prep.call())
+    start = time.perf_counter()
+    out = prep.call()
+    prep.wait(out)
+    single = max(time.perf_counter() - start, 1e-6)
+    inner = max(1, min(100, int(2e-3 / single)))
+    samples = max(min_samples, min(max_samples, int(budget_s / (single * inner))))
+    times = []
+    for _ in range(samples):
+        start = time.perf_counter()
+        for _ in range(inner):
+            last = prep.call()
+        prep.wait(last)
+        times.append((time.perf_counter() - start) / inner)
+    return sorted(times)[len(times) // 2], samples, out
+
+
+def _is_oom(err: BaseException) -> bool:
+    text = f"{type(err).__name__} {err}".lower()
+    return "resource_exhausted" in text or "out of memory" in text or "outofmemory" in text
+
+
+def _rel_err(out, ref) -> float | None:
+    if out is None or ref is None or out.shape != ref.shape:
+        return None
+    out, ref = jnp.asarray(out, jnp.float32), jnp.asarray(ref, jnp.float32)
+    return float(jnp.linalg.norm(out - ref) / jnp.maximum(jnp.linalg.norm(ref), 1e-30))
+
+
+def run_case(case, impl_names, params, device, budget_s, pbar=None) -> list[dict]:
+    inputs = _inputs(case, params)
+    hit = _cases.hit_experts(inputs["topk_idx"], case.workload.experts)
+    cost = _cost(case, hit)
+    sol_s = cost.sol_seconds(device, inputs["x"].dtype)
+    base = {
+        "suite": case.suite, "case": case.name, "workload": case.workload.name, "mode": case.mode,
+        "tokens": case.tokens, "sol_ms": sol_s * 1e3, "intensity": cost.intensity(),
+        "hit_experts": hit,
+    }
+    rows, reference = [], None
+    for name in impl_names:
+        row = {**base, "impl": name, "status": "ok", "message": ""}
+        try:
+            prep = _impls.IMPLS[name](case, inputs)
+            seconds, samples, out = measure(prep, budget_s)
+            comparable = prep.output(out)
+            if name == "jax.lax.ragged_dot":
+                reference = comparable
+            row.update(
+                time_ms=seconds * 1e3, pct_sol=100 * sol_s / seconds, tflops=cost.flops / seconds / 1e12,
+                gbps=cost.bytes / seconds / 1e9, samples=samples, compile_s=prep.compile_s,
+                peak_mem_gib=None if prep.peak_bytes is None else prep.peak_bytes / 2**30,
+                rel_err=None if name == "jax.lax.ragged_dot" else _rel_err(comparable, reference),
+            )
+            del prep, out, comparable
+        except _impls.Skip as err:
+            row.update(status="oom" if "(oom)" in str(err) else "skipped", message=str(err))
+        except NotImplementedError as err:
+            row.update(status="skipped", message=f"not implemented: {err}")
+        except Exception as err:  # noqa: BLE001 - a failing peer is a result, not a crash
+            first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+            row.update(status="oom" if _is_oom(err) else "error", message=f"{type(err).__name__}: {first}")
+        rows.append(row)
+        if pbar is not None:
+            pbar.set_postfix_str(f"{case.name} {name}: {row['status']}")
+            pbar.update()
+    return rows
+
+
+def _git_commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version(), "jax": jax.__version__}
+    for mod in ("jaxlib", "torch", "tokamax"):
+        module = sys.modules.get(mod)
+        if module is not None:
+            out[mod] = getattr(module, "__version__", "?")
+    return out
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Mean time and % SOL per (suite, impl) over the cases that ran; n_ok of n cases."""
+    out = []
+    for suite in dict.fromkeys(r["suite"] for r in rows):
+        suite_rows = [r for r in rows if r["suite"] == suite]
+        n = len({r["case"] for r in suite_rows})
+        sol = sum({r["case"]: r["sol_ms"] for r in suite_rows}.values()) / n
+        for impl in dict.fromkeys(r["impl"] for r in suite_rows):
+            ok = [r for r in suite_rows if r["impl"] == impl and r["status"] == "ok"]
+            mean = sum(r["time_ms"] for r in ok) / len(ok) if ok else None
+            out.append({
+                "suite": suite, "impl": impl, "cases_ok": len(ok), "cases": n, "sol_ms": sol,
+                "mean_ms": mean, "pct_sol": 100 * sol / mean if ok and len(ok) == n else None,
+            })
+    return out
+
+
+def markdown(rows: list[dict], summary: list[dict], meta: dict) -> str:
+    lines = [
+        f"Device: {meta['device']} · jax {meta['versions']['jax']} · commit {meta['commit'][:12]} · "
+        f"{meta['date']} · SOL ceilings: {meta['ceilings']}",
+        "",
+        "| suite | implementation | cases ok | mean ms | SOL mean ms | % SOL |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in summary:
+        mean = "—" if s["mean_ms"] is None else f"{s['mean_ms']:.4g}"
+        pct = "—" if s["pct_sol"] is None else f"{s['pct_sol']:.0f}%"
+        lines.append(f"| {s['suite']} | {s['impl']} | {s['cases_ok']}/{s['cases']} | {mean} | "
+                     f"{s['sol_ms']:.4g} | {pct} |")
+    problems = [r for r in rows if r["status"] != "ok"]
+    if problems:
+        lines += ["", "Not timed:", ""]
+        seen = set()
+        for r in problems:
+            key = (r["impl"], r["status"], r["message"])
+            if key not in seen:
+                seen.add(key)
+                lines.append(f"- {r['impl']} ({r['status']}), e.g. {r['case']}: {r['message']}")
+    return "\n".join(lines) + "\n"
+
+
+def write(out_dir: Path, rows: list[dict], meta: dict, plots: bool = True) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(rows)
+    (out_dir / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
+    with open(out_dir / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, FIELDS)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: r.get(k) for k in FIELDS})
+    (out_dir / "summary.md").write_text(markdown(rows, summary, meta))
+    if plots:
+        from benchmarks import plots as _plots  # noqa: PLC0415 - matplotlib only when plotting
+
+        _plots.write_all(rows, meta, out_dir)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", default="gptoss", help=f"one of {_cases.SUITES} or 'all'; commas allowed")
+    parser.add_argument("--impls", default=",".join(_impls.IMPLS), help="comma-separated subset of: "
+                        + ", ".join(_impls.IMPLS))
+    parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
+    parser.add_argument("--out", type=Path, help="output folder")
+    parser.add_argument("--ceiling", choices=("datasheet", "measured"), default="datasheet")
+    parser.add_argument("--device", choices=tuple(_sol.DEVICES), help="datasheet entry (default: detect)")
+    parser.add_argument("--budget", type=float, default=0.3, help="seconds of timed samples per measurement")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+
+    impl_names = [s.strip() for s in args.impls.split(",") if s.strip()]
+    unknown = [n for n in impl_names if n not in _impls.IMPLS]
+    if unknown:
+        parser.error(f"--impls: unknown {unknown}; choose from {list(_impls.IMPLS)}")
+    # The reference peer goes first so the others can be checked against its output.
+    impl_names.sort(key=lambda n: n != "jax.lax.ragged_dot")
+    case_list = [c for s in args.suite.split(",") for c in _cases.suite_cases(s.strip(), small=args.small)]
+
+    if args.ceiling == "measured":
+        device = _sol.measure_ceilings(*((256, 1 << 24) if args.small else ()))
+    else:
+        device = _sol.DEVICES[args.device] if args.device else (_sol.detect_device() or _sol.DEVICES["h200"])
+    now = datetime.datetime.now(datetime.UTC)
+    meta = {
+        "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "device": jax.devices()[0].device_kind,
+        "platform": jax.default_backend(), "commit": _git_commit(), "command": " ".join(sys.argv),
+        "ceilings": f"{device.name}: {device.peak_flops['bfloat16'] / 1e12:.0f} TFLOP/s bf16, "
+                    f"{device.bandwidth / 1e12:.2f} TB/s",
+        "peak_flops_bf16": device.peak_flops["bfloat16"], "bandwidth": device.bandwidth,
+        "small": args.small, "budget_s": args.budget,
+    }
+    slug = jax.devices()[0].device_kind.lower().replace(" ", "-")
+    out_dir = args.out or RESULTS / f"{now:%Y-%m-%d}_{slug}{'_small' if args.small else ''}"
+
+    rows, params, params_of = [], None, None
+    with tqdm(total=len(case_list) * len(impl_names), desc="bench", unit="run", file=sys.stderr) as pbar:
+        for case in case_list:
+            if params_of != case.workload:
+                params = None  # free the previous workload's weights first
+                params = _cases.make_params(case.workload)
+                params_of = case.workload
+            rows += run_case(case, impl_names, params, device, args.budget, pbar)
+    meta["versions"] = _versions()
+    meta["wall_s"] = (datetime.datetime.now(datetime.UTC) - now).total_seconds()
+    write(out_dir, rows, meta, plots=not args.no_plots)
+    print(markdown(rows, summarize(rows), meta))
+    print(f"wrote {out_dir}")
+    return out_dir
+
+
+if __name__ == "__main__":
+    main()

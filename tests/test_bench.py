@@ -1,0 +1,132 @@
+"""The benchmark suite: SOL arithmetic against the mission's numbers, the suites, and the runner
+end to end on CPU with tiny shapes (no timings are asserted)."""
+
+import csv
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from benchmarks import cases, impls, run, sol
+
+H200 = sol.DEVICES["h200"]
+
+
+def _layer_sol_ms(workload, tokens, hit=None, train=False):
+    w = cases.WORKLOADS[workload]
+    cost = sol.layer_cost(tokens, w.hidden, w.inter, w.top_k, hit or w.experts, bias=w.bias, train=train)
+    return 1e3 * cost.sol_seconds(H200, jnp.bfloat16)
+
+
+@pytest.mark.parametrize(("suite", "expected_ms"), [("gptoss", 1.456), ("swiglu256", 2.733)])
+def test_suite_sol_means_match_mission(suite, expected_ms):
+    tokens = cases.SUITE_TOKENS[suite]
+    assert len(tokens) == 16
+    mean = np.mean([_layer_sol_ms(suite, t) for t in tokens])
+    assert abs(mean / expected_ms - 1) < 0.01, mean
+
+
+@pytest.mark.parametrize(
+    ("workload", "tokens", "hit", "train", "expected_ms"),
+    [
+        ("gptoss", 1, 4, False, 0.041), ("gptoss", 2048, None, False, 1.332),
+        ("gptoss", 16384, None, False, 3.298), ("swiglu256", 1, 8, False, 0.084),
+        ("swiglu256", 2048, None, False, 2.691), ("swiglu256", 8192, None, False, 3.335),
+        ("gptoss", 2048, None, True, 4.0), ("swiglu256", 2048, None, True, 8.1),
+    ],
+)
+def test_case_sol_matches_mission_table(workload, tokens, hit, train, expected_ms):
+    assert abs(_layer_sol_ms(workload, tokens, hit, train) / expected_ms - 1) < 0.02
+
+
+def test_gmm_costs_add_up_to_the_layer():
+    w = cases.WORKLOADS["swiglu256"]
+    m = 1000 * w.top_k
+    gate_up = sol.gmm_cost(m, w.hidden, 2 * w.inter, w.experts)
+    down = sol.gmm_cost(m, w.inter, w.hidden, w.experts)
+    layer = sol.layer_cost(1000, w.hidden, w.inter, w.top_k, w.experts)
+    assert gate_up.flops + down.flops == layer.flops
+    # The layer streams the same weights; its activations are x and out only.
+    weights = w.experts * 3 * w.hidden * w.inter * 2
+    assert layer.bytes == weights + 2 * 1000 * w.hidden * 2
+    assert gate_up.bytes + down.bytes > layer.bytes
+    assert sol.tgmm_cost(m, w.hidden, w.inter, w.experts).flops == 2.0 * m * w.hidden * w.inter
+
+
+def test_suites_hold_the_mission_cases():
+    assert [c.tokens for c in cases.suite_cases("gptoss")][-4:] == [2293, 3011, 4096, 16384]
+    assert [c.tokens for c in cases.suite_cases("swiglu256")][:2] == [2048, 2080]
+    assert {c.mode for c in cases.suite_cases("train")} == {"train"}
+    assert {c.mode for c in cases.suite_cases("gmm")} == {"gmm", "tgmm"}
+    small = cases.suite_cases("all", small=True)
+    assert max(c.workload.hidden for c in small) <= 64 and max(c.tokens for c in small) <= 128
+    with pytest.raises(ValueError, match="suite"):
+        cases.suite_cases("nope")
+
+
+def test_hit_experts_counts_distinct_ids():
+    rng = np.random.default_rng()
+    idx = rng.integers(0, 16, size=(int(rng.integers(1, 9)), 2))
+    assert cases.hit_experts(jnp.asarray(idx), 16) == len(np.unique(idx))
+    case = cases.suite_cases("decode", small=True)[0]
+    x, topk_idx, topk_weight = cases.make_tokens(case)
+    assert x.shape == (case.tokens, case.workload.hidden) and topk_idx.shape == topk_weight.shape
+    assert 1 <= cases.hit_experts(topk_idx, case.workload.experts) <= case.workload.top_k * case.tokens
+
+
+def test_measure_takes_the_median_of_blocking_samples():
+    calls = []
+    prep = impls.Prepared(
+        call=lambda: calls.append(1) or jnp.ones(3), wait=jax.block_until_ready, peak_bytes=None,
+        compile_s=0.0, output=lambda out: out,
+    )
+    seconds, samples, out = run.measure(prep, budget_s=0.01, min_samples=3, max_samples=5)
+    assert 3 <= samples <= 5 and seconds > 0 and len(calls) >= samples + 2
+    np.testing.assert_array_equal(out, np.ones(3))
+
+
+def test_runner_end_to_end_on_cpu(tmp_path, monkeypatch):
+    def oom(case, inputs):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 9 GiB")
+
+    monkeypatch.setitem(impls.IMPLS, "fake oom", oom)
+    out = run.main([
+        "--suite", "decode", "--small", "--impls", "tokamax,fake oom,jax.lax.ragged_dot",
+        "--out", str(tmp_path), "--budget", "0.01",
+    ])
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["platform"] == "cpu" and data["meta"]["commit"]
+    rows = data["rows"]
+    assert len(rows) == 3 * len(cases.suite_cases("decode", small=True))
+    by_impl = {}
+    for r in rows:
+        by_impl.setdefault(r["impl"], set()).add(r["status"])
+    assert by_impl == {"jax.lax.ragged_dot": {"ok"}, "tokamax": {"skipped"}, "fake oom": {"oom"}}
+    for r in rows:
+        if r["status"] == "ok":
+            assert r["time_ms"] > 0 and r["sol_ms"] > 0 and r["peak_mem_gib"] > 0
+            assert r["pct_sol"] == pytest.approx(100 * r["sol_ms"] / r["time_ms"])
+    with open(out / "results.csv") as f:
+        assert len(list(csv.DictReader(f))) == len(rows)
+    assert "decode" in (out / "summary.md").read_text()
+    for name in ("pct_sol.png", "roofline.png", "latency.png"):
+        assert (out / name).stat().st_size > 1000
+
+
+def test_peer_layer_glue_matches_reference():
+    """The glue the peers share (benchmarks/impls.py) computes the layer the reference computes."""
+    from moe_pallas.reference import moe_experts_reference
+
+    for name in ("gptoss", "swiglu256"):
+        case = cases.Case("t", cases.SMALL_WORKLOADS[name], int(np.random.default_rng().integers(1, 24)))
+        params = cases.make_params(case.workload, jnp.float32, seed=int(np.random.default_rng().integers(1 << 30)))
+        x, topk_idx, topk_weight = cases.make_tokens(case, jnp.float32)
+
+        def ragged_dot(lhs, rhs, gs):
+            return jax.lax.ragged_dot(lhs, rhs, gs, precision="highest", preferred_element_type=jnp.float32)
+
+        out = impls._ragged_layer(x, topk_idx, topk_weight, params, case.workload.activation, ragged_dot)
+        ref = moe_experts_reference(x, topk_idx, topk_weight, params, activation=case.workload.activation)
+        assert float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref)) < 1e-5
