@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.test_util import check_grads
-from test_kernels_gmm import gmm64, random_group_sizes, rel_err, tgmm64
 
 import moe_pallas
 from moe_pallas import _backend
+from tests.test_kernels_gmm import gmm64, random_group_sizes, rel_err, tgmm64
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2}
 IMPLS = ["pallas_triton", "xla"]

@@ -63,10 +63,10 @@ def _gmm_kernel(
     n_tiles = pl.cdiv(n_out, bn)
     pid = pl.program_id(0)
     band = cfg.group_m * n_tiles
-    first_v = (pid // band) * cfg.group_m
+    first_v = jax.lax.div(pid, band) * cfg.group_m
     band_rows = jnp.minimum(num_visits - first_v, cfg.group_m)
-    v = first_v + (pid % band) % band_rows
-    n0 = ((pid % band) // band_rows) * bn
+    v = first_v + jax.lax.rem(jax.lax.rem(pid, band), band_rows)
+    n0 = jax.lax.div(jax.lax.rem(pid, band), band_rows) * bn
 
     g = group_ref[v]
     m0 = m_start_ref[v]

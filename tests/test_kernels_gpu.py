@@ -1,0 +1,91 @@
+"""Compiled (Triton) kernels at the workloads' awkward sizes: K = 2880 = 45·64, N = 5760, tails."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import moe_pallas
+from moe_pallas.dispatch import dispatch
+from moe_pallas.kernels import gmm, tgmm
+from tests.test_kernels_gmm import gmm64, rel_err, tgmm64
+
+pytestmark = pytest.mark.gpu
+
+
+def _routed(t, k, e, k_dim, n_dim, seed):
+    rng = np.random.default_rng(seed)
+    d = dispatch(jnp.asarray(rng.integers(0, e, (t, k)), jnp.int32), e)
+    x = jnp.asarray(rng.standard_normal((t, k_dim)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((e, k_dim, n_dim)) * k_dim**-0.5, jnp.bfloat16)
+    return rng, d, x, w
+
+
+@pytest.mark.parametrize("t", [1, 64])
+def test_gptoss_gate_up_epilogue(t):
+    rng, d, x, w = _routed(t, 4, 8, 2880, 5760, seed=t)
+    bias = jnp.asarray(rng.standard_normal((8, 5760)), jnp.bfloat16)
+    scale = jnp.asarray(rng.random(t * 4), jnp.float32)
+    out = gmm(
+        x,
+        w,
+        d.group_sizes,
+        lhs_row_index=d.row_token,
+        bias=bias,
+        activation="gptoss",
+        row_scale=scale,
+    )
+    ref = gmm64(
+        x,
+        w,
+        d.group_sizes,
+        lhs_row_index=d.row_token,
+        bias=bias,
+        activation="gptoss",
+        row_scale=scale,
+    )
+    assert rel_err(out, ref) < 1e-2
+
+
+def test_swiglu_gate_up_and_down():
+    rng, d, x, w = _routed(200, 8, 16, 512, 2 * 384, seed=3)
+    h = gmm(x, w, d.group_sizes, lhs_row_index=d.row_token, activation="swiglu")
+    assert (
+        rel_err(h, gmm64(x, w, d.group_sizes, lhs_row_index=d.row_token, activation="swiglu"))
+        < 1e-2
+    )
+    w_down = jnp.asarray(rng.standard_normal((16, 384, 512)) / 20, jnp.bfloat16)
+    y = gmm(h, w_down, d.group_sizes, out_dtype=jnp.float32)
+    assert rel_err(y, gmm64(h, w_down, d.group_sizes)) < 1e-2
+
+
+def test_transposed_and_tgmm_with_empty_groups():
+    rng = np.random.default_rng(4)
+    m, k_dim, n_dim = 1000, 2880, 5760
+    sizes = np.array([300, 0, 0, 450, 1, 0, 200, 0], np.int32)  # 49 tail rows
+    dy = jnp.asarray(rng.standard_normal((m, n_dim)), jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((m, k_dim)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((8, k_dim, n_dim)) / 50, jnp.bfloat16)
+    dx = gmm(dy, w, jnp.asarray(sizes), transpose_rhs=True)
+    assert rel_err(dx, gmm64(dy, np.swapaxes(np.asarray(w, np.float32), 1, 2), sizes)) < 1e-2
+    assert not np.asarray(dx[sizes.sum() :]).any()
+    dw = tgmm(x, dy, jnp.asarray(sizes), out_dtype=jnp.float32)
+    assert rel_err(dw, tgmm64(x, dy, sizes)) < 1e-2
+    assert not np.asarray(dw[sizes == 0]).any()
+
+
+def test_ragged_dot_grads_and_vmap_on_gpu():
+    rng = np.random.default_rng(5)
+    lhs = jnp.asarray(rng.standard_normal((300, 192)), jnp.float32)
+    rhs = jnp.asarray(rng.standard_normal((6, 192, 320)) / 14, jnp.float32)
+    sizes = jnp.asarray([50, 0, 120, 30, 0, 90], jnp.int32)
+    d_out = jnp.asarray(rng.standard_normal((300, 320)), jnp.float32)
+
+    def grads(impl):
+        f = lambda a, b: jnp.sum(moe_pallas.ragged_dot(a, b, sizes, implementation=impl) * d_out)
+        return jax.grad(f, argnums=(0, 1))(lhs, rhs)
+
+    for got, want in zip(grads("pallas_triton"), grads("xla")):
+        assert rel_err(got, np.asarray(want, np.float64)) < 3e-3  # tf32 dots
+    out = jax.vmap(lambda a: moe_pallas.ragged_dot(a, rhs, sizes))(jnp.stack([lhs, -lhs]))
+    assert rel_err(out[1], -gmm64(lhs, rhs, sizes)) < 3e-3
