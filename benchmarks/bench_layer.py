@@ -1,0 +1,150 @@
+"""Dev benchmark of the fused expert layer: large fwd+bwd cases, peak memory, per-stage times.
+
+    python -m benchmarks.bench_layer [--cases train:gptoss:16384,fwd:gptoss:2048,...]
+                                     [--impls moe_pallas:pallas_triton,jax.lax.ragged_dot]
+                                     [--breakdown gptoss:2048,swiglu256:2048] [--out FILE.json]
+
+The suites are `python -m benchmarks.run`'s job; this script adds what it does not time: fwd+bwd
+at the large token counts, the measured peak device memory of the first case (run it in a fresh
+process: jax's peak counter never resets) against weights + grads + inputs + residuals
+(`moe_pallas.fused`: h [T·k, 2I] in x's dtype), and the time of each kernel of the fused path.
+Timing: `benchmarks.run.measure` (warm-up, then median of blocking batched samples).
+"""
+
+import argparse
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import cases as _cases
+from benchmarks import impls as _impls
+from benchmarks import run as _run
+from benchmarks import sol as _sol
+from moe_pallas import dispatch as _dispatch
+from moe_pallas import fused
+from moe_pallas.activations import glu, split_gate_up
+from moe_pallas.kernels.combine import combine
+from moe_pallas.kernels.dlhs_glu import dlhs_glu
+from moe_pallas.kernels.gmm import gmm
+from moe_pallas.kernels.tgmm import tgmm
+
+DEFAULT_CASES = (
+    "train:gptoss:16384,train:gptoss:2048,train:swiglu256:2048,train:swiglu256:8192,"
+    "fwd:gptoss:1,fwd:swiglu256:1"
+)
+
+
+def _nbytes(tree) -> int:
+    return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(tree))
+
+
+def memory_budget(case: _cases.Case, params: dict) -> dict:
+    """Bytes the fwd+bwd step must hold: weights, their grads, inputs (+ their grads), residuals."""
+    w, t = case.workload, case.tokens
+    weights = _nbytes(params)
+    # x and dx (bf16), dout (float32), topk_idx, topk_weight and its grad.
+    inputs = t * w.hidden * (2 + 2 + 4) + t * w.top_k * (4 + 4 + 4)
+    residual_h = t * w.top_k * 2 * w.inter * 2
+    total = 2 * weights + inputs + residual_h
+    return {"weights": weights, "inputs": inputs, "residual_h": residual_h, "total": total}
+
+
+def _stage_fns(activation, inputs):
+    """The kernels of the fused path as separate jitted calls, on the case's real routing."""
+    x, idx, tw, p = (inputs[k] for k in ("x", "topk_idx", "topk_weight", "params"))
+    e = p["w_gate_up"].shape[0]
+    d, row_expert, row_weight = fused._routing(idx, tw, e)
+    a = gmm(x, p["w_gate_up"], d.group_sizes, lhs_row_index=d.row_token,
+            bias=p.get("b_gate_up"), activation=activation)
+    h = gmm(x, p["w_gate_up"], d.group_sizes, lhs_row_index=d.row_token, bias=p.get("b_gate_up"))
+    y = gmm(a, p["w_down"], d.group_sizes, bias=p.get("b_down"), row_scale=row_weight)
+    dout = inputs["dout"].astype(x.dtype)
+    pair_row = d.pair_row.reshape(idx.shape)
+    return {
+        "dispatch": (lambda idx: _dispatch.dispatch(idx, e), (idx,)),
+        "gate_up+act": (lambda x, w: gmm(x, w, d.group_sizes, lhs_row_index=d.row_token,
+                                         bias=p.get("b_gate_up"), activation=activation),
+                        (x, p["w_gate_up"])),
+        "gate_up (h, train fwd)": (lambda x, w: gmm(x, w, d.group_sizes, lhs_row_index=d.row_token,
+                                                    bias=p.get("b_gate_up")), (x, p["w_gate_up"])),
+        "glu(h) xla": (lambda h: glu(*split_gate_up(h.astype(jnp.float32), activation),
+                                     activation).astype(h.dtype), (h,)),
+        "down+bias+weight": (lambda a, w: gmm(a, w, d.group_sizes, bias=p.get("b_down"),
+                                              row_scale=row_weight), (a, p["w_down"])),
+        "combine": (lambda y: combine(y, pair_row), (y,)),
+        "bwd dlhs_glu": (lambda dout, w: dlhs_glu(dout, w, h, d.group_sizes, row_token=d.row_token,
+                                                  row_weight=row_weight, activation=activation),
+                         (dout, p["w_down"])),
+        "bwd dy gather": (lambda dout: (dout[d.row_token].astype(jnp.float32)
+                                        * row_weight[:, None]).astype(x.dtype), (dout,)),
+        "bwd tgmm w_down": (lambda a, dy: tgmm(a, dy, d.group_sizes), (a, y)),
+        "bwd tgmm w_gate_up": (lambda x, dh: tgmm(x, dh, d.group_sizes, lhs_row_index=d.row_token),
+                               (x, h)),
+        "bwd dx gmm_t": (lambda dh, w: gmm(dh, w, d.group_sizes, transpose_rhs=True),
+                         (h, p["w_gate_up"])),
+        "bwd group sums": (lambda dh: fused._group_sum(dh, row_expert, e), (h,)),
+    }
+
+
+def breakdown(case: _cases.Case, inputs: dict, budget: float) -> dict:
+    out = {}
+    for name, (fn, args) in _stage_fns(case.workload.activation, inputs).items():
+        compiled = jax.jit(fn).lower(*args).compile()
+        prep = _impls.Prepared(lambda c=compiled, a=args: c(*a), jax.block_until_ready, None, 0.0,
+                               lambda o: None)
+        out[name] = _run.measure(prep, budget)[0] * 1e3
+        print(f"  {case.workload.name} T={case.tokens} {name:24s} {out[name]:8.3f} ms", flush=True)
+    return out
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default=DEFAULT_CASES, help="mode:workload:tokens, comma-separated")
+    parser.add_argument("--impls", default="moe_pallas:pallas_triton")
+    parser.add_argument("--breakdown", default="gptoss:2048,swiglu256:2048")
+    parser.add_argument("--budget", type=float, default=0.3)
+    parser.add_argument("--out", help="JSON file to write")
+    parser.add_argument("--small", action="store_true", help="tiny workloads (CPU smoke test)")
+    args = parser.parse_args(argv)
+    device = _sol.detect_device() or _sol.DEVICES["h200"]
+    results = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+               "command": " ".join(sys.argv), "commit": _run._git_commit(), "cases": [],
+               "breakdown": {}}
+    workloads = _cases.SMALL_WORKLOADS if args.small else _cases.WORKLOADS
+    params, params_of = None, None
+    for i, spec in enumerate(s for s in args.cases.split(",") if s):
+        mode, name, tokens = spec.split(":")
+        case = _cases.Case("layer", workloads[name], int(tokens), mode)
+        if params_of != name:
+            params = None
+            params = _cases.make_params(case.workload)
+            params_of = name
+        rows = _run.run_case(case, args.impls.split(","), params, device, args.budget)
+        if i == 0 and mode == "train" and jax.default_backend() == "gpu":
+            peak = jax.devices()[0].memory_stats()["peak_bytes_in_use"]
+            budget = memory_budget(case, params)
+            rows[0]["memory"] = {**budget, "peak_in_use": peak, "peak_over_budget": peak / budget["total"]}
+        for r in rows:
+            print(f"{r['case']:28s} {r['impl']:26s} {r['status']:6s} "
+                  f"{r.get('time_ms') or float('nan'):9.3f} ms  SOL {r['sol_ms']:7.3f} ms  "
+                  f"{r.get('pct_sol') or 0:5.1f}% SOL  rel_err {r.get('rel_err')}  "
+                  f"{r.get('memory', '')} {r['message']}", flush=True)
+        results["cases"] += rows
+    for spec in (s for s in args.breakdown.split(",") if s):
+        name, tokens = spec.split(":")
+        case = _cases.Case("layer", workloads[name], int(tokens), "train")
+        if params_of != name:
+            params = None
+            params = _cases.make_params(case.workload)
+            params_of = name
+        results["breakdown"][case.name] = breakdown(case, _run._inputs(case, params), args.budget)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+    return results
+
+
+if __name__ == "__main__":
+    main()
