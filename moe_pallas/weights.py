@@ -1,0 +1,147 @@
+"""Expert weights from checkpoint layouts into the `params` of `moe_experts` / a `MoE` layer.
+
+`tensors` is a mapping of names to arrays as read by safetensors (e.g.
+`safetensors.numpy.load_file(path)` or `safetensors.flax.load_file(path)`), names relative to the
+experts module (or give `prefix`, e.g. "model.layers.0.mlp.experts."). Layouts:
+
+  - "gpt_oss" (transformers GptOssExperts, activation "gptoss"):
+        gate_up_proj [E, H, 2I] (gate/up columns interleaved)  -> w_gate_up
+        gate_up_proj_bias [E, 2I]                              -> b_gate_up
+        down_proj [E, I, H]                                    -> w_down
+        down_proj_bias [E, H]                                  -> b_down
+  - "per_expert" (Qwen3-MoE, DeepSeek-V3, Mixtral-style linear weights `[out, in]`, activation
+    "swiglu"), for e in 0..E-1:
+        {e}.gate_proj.weight [I, H], {e}.up_proj.weight [I, H]  -> w_gate_up[e] = [gateᵀ | upᵀ]
+        {e}.down_proj.weight [H, I]                            -> w_down[e] = downᵀ
+"""
+
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+
+from moe_pallas.layer import MoE
+
+Layout = Literal["gpt_oss", "per_expert"]
+LAYOUTS: tuple[str, ...] = ("gpt_oss", "per_expert")
+_GPT_OSS = {
+    "w_gate_up": "gate_up_proj",
+    "b_gate_up": "gate_up_proj_bias",
+    "w_down": "down_proj",
+    "b_down": "down_proj_bias",
+}
+_PER_EXPERT = re.compile(r"(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+
+
+def _get(tensors: Mapping[str, Any], key: str) -> jax.Array:
+    if key not in tensors:
+        nearby = sorted(tensors)[:8]
+        raise ValueError(
+            f"tensors has no {key!r} (first keys: {nearby}); check `layout` and `prefix`."
+        )
+    return jnp.asarray(tensors[key])
+
+
+def _check_shape(name: str, array: jax.Array, shape: tuple[int, ...]) -> None:
+    if array.shape != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(array.shape)}.")
+
+
+def _load_gpt_oss(tensors, prefix):
+    if prefix + "gate_up_proj_blocks" in tensors:
+        raise ValueError(
+            "tensors hold MXFP4-quantised gpt-oss experts (gate_up_proj_blocks/_scales); "
+            "dequantise them to gate_up_proj [E, H, 2I] first (e.g. load with transformers)."
+        )
+    w_gate_up = _get(tensors, prefix + "gate_up_proj")
+    if w_gate_up.ndim != 3 or w_gate_up.shape[2] % 2:
+        raise ValueError(f"gate_up_proj must be [E, H, 2I], got {list(w_gate_up.shape)}.")
+    experts, hidden, two_inter = w_gate_up.shape
+    shapes = {
+        "w_gate_up": w_gate_up.shape,
+        "b_gate_up": (experts, two_inter),
+        "w_down": (experts, two_inter // 2, hidden),
+        "b_down": (experts, hidden),
+    }
+    params = {}
+    for name, source in _GPT_OSS.items():
+        params[name] = _get(tensors, prefix + source)
+        _check_shape(source, params[name], shapes[name])
+    return params
+
+
+def _load_per_expert(tensors, prefix):
+    found = {}
+    for key in tensors:
+        match = _PER_EXPERT.fullmatch(key[len(prefix):]) if key.startswith(prefix) else None
+        if match:
+            found.setdefault(int(match.group(1)), set()).add(match.group(2))
+    if not found:
+        raise ValueError(
+            f"tensors has no '{prefix}{{e}}.gate_proj.weight' keys; check `layout` and `prefix`."
+        )
+    num_experts = max(found) + 1
+    for e in range(num_experts):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            if proj not in found.get(e, ()):
+                raise ValueError(
+                    f"tensors is missing {prefix}{e}.{proj}.weight (experts 0..{num_experts - 1} "
+                    "must all be present)."
+                )
+    gate0 = _get(tensors, f"{prefix}0.gate_proj.weight")
+    if gate0.ndim != 2:
+        raise ValueError(f"{prefix}0.gate_proj.weight must be [I, H], got {list(gate0.shape)}.")
+    inter, hidden = gate0.shape
+    gate_up, down = [], []
+    for e in range(num_experts):
+        weight = {p: _get(tensors, f"{prefix}{e}.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")}
+        _check_shape(f"{prefix}{e}.gate_proj.weight", weight["gate_proj"], (inter, hidden))
+        _check_shape(f"{prefix}{e}.up_proj.weight", weight["up_proj"], (inter, hidden))
+        _check_shape(f"{prefix}{e}.down_proj.weight", weight["down_proj"], (hidden, inter))
+        gate_up.append(jnp.concatenate([weight["gate_proj"].T, weight["up_proj"].T], axis=1))
+        down.append(weight["down_proj"].T)
+    return {"w_gate_up": jnp.stack(gate_up), "w_down": jnp.stack(down)}
+
+
+def load_experts(
+    tensors: Mapping[str, Any], layout: Layout, *, prefix: str = "", dtype: Any = None
+) -> dict[str, jax.Array]:
+    """Build `moe_experts` params (`w_gate_up [E, H, 2I]`, `w_down [E, I, H]`, biases for gpt_oss)
+    from checkpoint tensors in `layout` (see the module doc); cast to `dtype` if given."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}; use one of {LAYOUTS}.")
+    if not isinstance(tensors, Mapping):
+        raise TypeError(
+            f"tensors must be a mapping of names to arrays, got {type(tensors).__name__}; "
+            "e.g. safetensors.numpy.load_file(path)."
+        )
+    params = _load_gpt_oss(tensors, prefix) if layout == "gpt_oss" else _load_per_expert(tensors, prefix)
+    return {k: v if dtype is None else v.astype(dtype) for k, v in params.items()}
+
+
+def set_expert_params(layer, params: Mapping[str, jax.Array]) -> None:
+    """Write expert `params` (from `load_experts`) into an NNX `moe_pallas.MoE` layer, in place,
+    cast to the layer's parameter dtype. Shapes and bias presence must match the layer's config;
+    the layer's activation must match the layout ("gptoss" for gpt_oss, "swiglu" for per_expert)."""
+    if not isinstance(layer, MoE):
+        raise TypeError(f"layer must be a moe_pallas.MoE, got {type(layer).__name__}.")
+    config = layer.config
+    expected = {"w_gate_up", "w_down"} | ({"b_gate_up", "b_down"} if config.expert_bias else set())
+    given = {k for k, v in params.items() if v is not None}
+    if given - expected and not config.expert_bias and given - expected <= {"b_gate_up", "b_down"}:
+        raise ValueError(
+            "params hold expert biases but the layer has expert_bias=False; build it with "
+            "MoE(..., expert_bias=True)."
+        )
+    if given != expected:
+        raise ValueError(
+            f"params must hold exactly {sorted(expected)} for this layer "
+            f"(expert_bias={config.expert_bias}), got {sorted(given)}."
+        )
+    for name in sorted(expected):
+        variable = getattr(layer, name)
+        value = jnp.asarray(params[name])
+        _check_shape(f"params[{name!r}]", value, variable.shape)
+        variable[...] = value.astype(variable.dtype)
