@@ -115,17 +115,18 @@ def _experts_xla(x, topk_idx, topk_weight, params, activation):
     num_experts = params["w_gate_up"].shape[0]
     order, group_sizes = sort_by_expert(topk_idx, num_experts)
     x_sorted = x[order // top_k]
-    h = jax.lax.ragged_dot(x_sorted, params["w_gate_up"], group_sizes, preferred_element_type=jnp.float32)
+    acc = jnp.promote_types(x.dtype, jnp.float32)  # float64 inputs keep float64 (gradient checks)
+    h = jax.lax.ragged_dot(x_sorted, params["w_gate_up"], group_sizes, preferred_element_type=acc)
     row_expert = topk_idx.reshape(-1)[order]
     row_valid = (row_expert >= 0) & (row_expert < num_experts)
     row_expert = jnp.where(row_valid, row_expert, 0)
     if "b_gate_up" in params:
-        h = h + params["b_gate_up"].astype(jnp.float32)[row_expert]
+        h = h + params["b_gate_up"].astype(acc)[row_expert]
     a = glu(*split_gate_up(h, activation), activation).astype(x.dtype)
-    y = jax.lax.ragged_dot(a, params["w_down"], group_sizes, preferred_element_type=jnp.float32)
+    y = jax.lax.ragged_dot(a, params["w_down"], group_sizes, preferred_element_type=acc)
     if "b_down" in params:
-        y = y + params["b_down"].astype(jnp.float32)[row_expert]
-    row_weight = jnp.where(row_valid, topk_weight.reshape(-1)[order].astype(jnp.float32), 0)
+        y = y + params["b_down"].astype(acc)[row_expert]
+    row_weight = jnp.where(row_valid, topk_weight.reshape(-1)[order].astype(acc), 0)
     y = jnp.where(row_valid[:, None], y * row_weight[:, None], 0)
     pair_row = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=jnp.int32))
     out = jnp.sum(y[pair_row].reshape(num_tokens, top_k, -1), axis=1)

@@ -1,0 +1,121 @@
+"""`python -m moe_pallas demo`: run both reference workloads, check them against the oracle, time them.
+
+Exit status 1 if any result is outside its error bound (bf16: 2e-2, float32: 5e-3 relative
+Frobenius error, which admits tf32 tensor-core matmuls on GPU).
+"""
+
+import argparse
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moe_pallas.experts import moe_experts, resolve_implementation
+from moe_pallas.reference import moe_experts_reference
+from moe_pallas.routing import route
+
+TOLERANCE = {"bfloat16": 2e-2, "float32": 5e-3}
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    name: str
+    hidden: int
+    intermediate: int
+    num_experts: int
+    top_k: int
+    activation: str
+    router: str
+    biases: bool
+
+
+WORKLOADS = {
+    "gptoss": Workload("gpt-oss", 2880, 2880, 128, 4, "gptoss", "topk_softmax", True),
+    "swiglu": Workload("swiglu-256", 4096, 2048, 256, 8, "swiglu", "softmax_topk", False),
+}
+# (tokens, width divisor, expert divisor) per size: "small" keeps CPU runs to seconds.
+SIZES = {"small": (64, 32, 8), "medium": (512, 4, 2), "full": (2048, 1, 1)}
+
+
+def make_case(workload: Workload, size: str, dtype, seed: int = 0):
+    """Random tokens, weights (scaled so activations stay O(1)) and routing for a workload."""
+    tokens, width_div, expert_div = SIZES[size]
+    hidden, inter = workload.hidden // width_div, workload.intermediate // width_div
+    num_experts = workload.num_experts // expert_div
+    keys = jax.random.split(jax.random.key(seed), 7)
+    normal = lambda key, shape, scale: (scale * jax.random.normal(key, shape, jnp.float32))
+    params = {
+        "w_gate_up": normal(keys[0], (num_experts, hidden, 2 * inter), hidden**-0.5).astype(dtype),
+        "w_down": normal(keys[1], (num_experts, inter, hidden), inter**-0.5).astype(dtype),
+    }
+    if workload.biases:
+        params["b_gate_up"] = normal(keys[2], (num_experts, 2 * inter), 0.1).astype(dtype)
+        params["b_down"] = normal(keys[3], (num_experts, hidden), 0.1).astype(dtype)
+    x = normal(keys[4], (tokens, hidden), 1.0).astype(dtype)
+    logits = normal(keys[5], (tokens, num_experts), 1.0)
+    renormalize = workload.router == "softmax_topk"
+    topk_idx, topk_weight, _ = route(logits, workload.top_k, method=workload.router, renormalize=renormalize)
+    return x, topk_idx, topk_weight, params
+
+
+def _median_ms(fn, *args, repeats: int) -> float:
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return 1e3 * float(np.median(times))
+
+
+def run(size: str, implementation: str, dtype_name: str, repeats: int = 5) -> list[dict]:
+    dtype = jnp.dtype(dtype_name)
+    backend = resolve_implementation(implementation)
+    chunk = 32 if jax.default_backend() == "gpu" else 8
+    rows = []
+    for workload in WORKLOADS.values():
+        x, topk_idx, topk_weight, params = make_case(workload, size, dtype)
+        layer = jax.jit(lambda x, i, w, p: moe_experts(x, i, w, p, activation=workload.activation, implementation=backend))
+        out = layer(x, topk_idx, topk_weight, params).astype(jnp.float32)
+        ref = jax.jit(lambda x, i, w, p: moe_experts_reference(x, i, w, p, activation=workload.activation, chunk=chunk))(x, topk_idx, topk_weight, params)
+        rel = float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
+        rows.append({
+            "workload": workload.name, "T": x.shape[0], "H": x.shape[1], "E": params["w_gate_up"].shape[0],
+            "backend": backend, "dtype": dtype_name,
+            "max_err": float(jnp.max(jnp.abs(out - ref))), "rel_err": rel,
+            "ms": _median_ms(layer, x, topk_idx, topk_weight, params, repeats=repeats),
+            "ok": bool(np.isfinite(rel) and rel <= TOLERANCE[dtype_name]),
+        })
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    header = f"{'workload':<11} {'T':>5} {'H':>5} {'E':>4} {'backend':<14} {'dtype':<9} {'max err':>9} {'rel err':>9} {'ms':>9}  check"
+    lines = [header, "-" * len(header)]
+    for r in rows:
+        lines.append(
+            f"{r['workload']:<11} {r['T']:>5} {r['H']:>5} {r['E']:>4} {r['backend']:<14} {r['dtype']:<9} "
+            f"{r['max_err']:>9.2e} {r['rel_err']:>9.2e} {r['ms']:>9.3f}  {'ok' if r['ok'] else 'MISMATCH'}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m moe_pallas demo", description=__doc__.splitlines()[0])
+    default_size = "full" if jax.default_backend() == "gpu" else "small"
+    parser.add_argument("--size", choices=sorted(SIZES), default=default_size,
+                        help=f"problem size (default on this platform: {default_size}; full = the seed shapes at T=2048)")
+    parser.add_argument("--implementation", default="auto", help="moe_experts backend (default: auto)")
+    parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="bfloat16")
+    args = parser.parse_args(argv)
+    print(f"moe_pallas demo on {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}")
+    rows = run(args.size, args.implementation, args.dtype)
+    print(format_table(rows))
+    bad = [r["workload"] for r in rows if not r["ok"]]
+    if bad:
+        print(f"MISMATCH against the reference in: {', '.join(bad)} (bound {TOLERANCE[args.dtype]:.0e})")
+        return 1
+    print(f"all results within {TOLERANCE[args.dtype]:.0e} relative error of the float32 reference")
+    return 0

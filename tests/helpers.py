@@ -1,0 +1,26 @@
+"""Random test inputs shared by the test files."""
+
+import numpy as np
+
+
+def make_params(rng, num_experts, hidden, inter, *, biases, scale=1.0, dtype=np.float32):
+    """Expert params with O(1) activations (weights ~ N(0, scale^2 / fan_in))."""
+    params = {
+        "w_gate_up": scale * rng.standard_normal((num_experts, hidden, 2 * inter)) / np.sqrt(hidden),
+        "w_down": scale * rng.standard_normal((num_experts, inter, hidden)) / np.sqrt(inter),
+    }
+    if biases:
+        params["b_gate_up"] = rng.standard_normal((num_experts, 2 * inter))
+        params["b_down"] = rng.standard_normal((num_experts, hidden))
+    return {k: v.astype(dtype) for k, v in params.items()}
+
+
+def random_routing(rng, num_tokens, num_experts, top_k, *, skew=None):
+    """Distinct expert ids per token and positive weights; `skew` draws ids Zipf-like."""
+    p = None
+    if skew is not None:
+        p = 1.0 / np.arange(1, num_experts + 1) ** skew
+        p /= p.sum()
+    idx = np.stack([rng.choice(num_experts, top_k, replace=False, p=p) for _ in range(num_tokens)])
+    w = rng.random((num_tokens, top_k)) + 0.1
+    return idx.astype(np.int32), (w / w.sum(1, keepdims=True)).astype(np.float32)
