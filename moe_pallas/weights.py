@@ -130,7 +130,8 @@ def set_expert_params(layer, params: Mapping[str, jax.Array]) -> None:
     config = layer.config
     expected = {"w_gate_up", "w_down"} | ({"b_gate_up", "b_down"} if config.expert_bias else set())
     given = {k for k, v in params.items() if v is not None}
-    if given - expected and not config.expert_bias and given - expected <= {"b_gate_up", "b_down"}:
+    extra = given - expected
+    if extra and extra <= {"b_gate_up", "b_down"}:
         raise ValueError(
             "params hold expert biases but the layer has expert_bias=False; build it with "
             "MoE(..., expert_bias=True)."
@@ -140,8 +141,9 @@ def set_expert_params(layer, params: Mapping[str, jax.Array]) -> None:
             f"params must hold exactly {sorted(expected)} for this layer "
             f"(expert_bias={config.expert_bias}), got {sorted(given)}."
         )
-    for name in sorted(expected):
+    values = {name: jnp.asarray(params[name]) for name in sorted(expected)}
+    for name, value in values.items():  # check all before writing any: no half-loaded layer
+        _check_shape(f"params[{name!r}]", value, getattr(layer, name).shape)
+    for name, value in values.items():
         variable = getattr(layer, name)
-        value = jnp.asarray(params[name])
-        _check_shape(f"params[{name!r}]", value, variable.shape)
         variable[...] = value.astype(variable.dtype)

@@ -1,0 +1,157 @@
+"""Weight import: real safetensors files in the gpt-oss and per-expert layouts, read back, converted
+by load_experts, checked against the checkpoint's own expert formula, and put into a MoE layer."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import safetensors.flax
+import safetensors.numpy
+from flax import nnx
+
+from moe_pallas import MoE, load_experts, moe_experts, set_expert_params
+
+E, H, I, T, K = 4, 8, 6, 10, 2
+PREFIX = "model.layers.3.mlp.experts."
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)
+
+
+def routing(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, H)).astype(np.float32)
+    idx = np.stack([rng.choice(E, K, replace=False) for _ in range(T)]).astype(np.int32)
+    weight = rng.random((T, K)).astype(np.float32)
+    return x, idx, weight
+
+
+def gpt_oss_tensors(rng):
+    return {
+        "gate_up_proj": rng.standard_normal((E, H, 2 * I)).astype(np.float32),
+        "gate_up_proj_bias": rng.standard_normal((E, 2 * I)).astype(np.float32),
+        "down_proj": rng.standard_normal((E, I, H)).astype(np.float32) / 4,
+        "down_proj_bias": rng.standard_normal((E, H)).astype(np.float32),
+    }
+
+
+def per_expert_tensors(rng, experts=E):
+    tensors = {}
+    for e in range(experts):
+        tensors[f"{e}.gate_proj.weight"] = rng.standard_normal((I, H)).astype(np.float32)
+        tensors[f"{e}.up_proj.weight"] = rng.standard_normal((I, H)).astype(np.float32)
+        tensors[f"{e}.down_proj.weight"] = rng.standard_normal((H, I)).astype(np.float32) / 4
+    return tensors
+
+
+def gpt_oss_expert(t, e, x):
+    """transformers GptOssExperts on one token, float64, from the checkpoint tensors."""
+    gate_up = x @ t["gate_up_proj"][e] + t["gate_up_proj_bias"][e]
+    gate, up = np.minimum(gate_up[0::2], 7.0), np.clip(gate_up[1::2], -7.0, 7.0)
+    glu = gate / (1 + np.exp(-1.702 * gate))
+    return ((up + 1) * glu) @ t["down_proj"][e] + t["down_proj_bias"][e]
+
+
+def swiglu_expert(t, e, x):
+    """A Qwen3-MoE / DeepSeek-V3 expert MLP (nn.Linear weights [out, in]) on one token, float64."""
+    gate, up = t[f"{e}.gate_proj.weight"] @ x, t[f"{e}.up_proj.weight"] @ x
+    return t[f"{e}.down_proj.weight"] @ (gate / (1 + np.exp(-gate)) * up)
+
+
+def checkpoint_moe(expert_fn, tensors, x, idx, weight):
+    tensors = {k: np.asarray(v, np.float64) for k, v in tensors.items()}
+    return np.stack([
+        sum(weight[t, j] * expert_fn(tensors, idx[t, j], x[t].astype(np.float64)) for j in range(K))
+        for t in range(T)
+    ])
+
+
+def test_gpt_oss_round_trip(tmp_path):
+    rng = np.random.default_rng(0)
+    tensors = gpt_oss_tensors(rng)
+    path = tmp_path / "experts.safetensors"
+    safetensors.numpy.save_file({PREFIX + k: v for k, v in tensors.items()}, str(path))
+    params = load_experts(safetensors.numpy.load_file(str(path)), "gpt_oss", prefix=PREFIX)
+    assert sorted(params) == ["b_down", "b_gate_up", "w_down", "w_gate_up"]
+    np.testing.assert_array_equal(params["w_gate_up"], tensors["gate_up_proj"])
+    x, idx, weight = routing(1)
+    out = moe_experts(x, idx, weight, params, activation="gptoss", implementation="xla")
+    assert rel_err(out, checkpoint_moe(gpt_oss_expert, tensors, x, idx, weight)) < 1e-5
+
+
+def test_per_expert_round_trip(tmp_path):
+    rng = np.random.default_rng(2)
+    tensors = per_expert_tensors(rng)
+    path = tmp_path / "experts.safetensors"
+    safetensors.numpy.save_file({PREFIX + k: v for k, v in tensors.items()}, str(path))
+    params = load_experts(safetensors.numpy.load_file(str(path)), "per_expert", prefix=PREFIX)
+    assert params["w_gate_up"].shape == (E, H, 2 * I) and params["w_down"].shape == (E, I, H)
+    np.testing.assert_array_equal(params["w_gate_up"][2, :, I:], tensors["2.up_proj.weight"].T)
+    x, idx, weight = routing(3)
+    out = moe_experts(x, idx, weight, params, activation="swiglu", implementation="xla")
+    assert rel_err(out, checkpoint_moe(swiglu_expert, tensors, x, idx, weight)) < 1e-5
+
+
+def test_bfloat16_file_into_layer(tmp_path):
+    rng = np.random.default_rng(4)
+    tensors = {k: jnp.asarray(v, jnp.bfloat16) for k, v in gpt_oss_tensors(rng).items()}
+    path = tmp_path / "experts.safetensors"
+    safetensors.flax.save_file(tensors, str(path))
+    params = load_experts(safetensors.flax.load_file(str(path)), "gpt_oss")
+    assert params["w_down"].dtype == jnp.bfloat16
+    layer = MoE(H, I, E, K, activation="gptoss", expert_bias=True, router="topk_softmax",
+                router_bias=True, rngs=nnx.Rngs(0))
+    set_expert_params(layer, params)
+    assert layer.w_gate_up.dtype == jnp.float32
+    for name, value in params.items():
+        np.testing.assert_array_equal(getattr(layer, name)[...], value.astype(jnp.float32))
+    assert np.isfinite(np.asarray(layer(jnp.asarray(routing(5)[0])))).all()
+
+
+def test_dtype_cast():
+    params = load_experts(per_expert_tensors(np.random.default_rng(6)), "per_expert", dtype=jnp.bfloat16)
+    assert all(v.dtype == jnp.bfloat16 for v in params.values())
+
+
+@pytest.mark.parametrize(
+    "mutate, layout, match",
+    [
+        (lambda t: t.pop("2.up_proj.weight"), "per_expert", r"missing 2\.up_proj\.weight"),
+        (lambda t: t.update({"1.down_proj.weight": np.zeros((H, I + 1))}), "per_expert",
+         r"1\.down_proj\.weight must have shape \[8, 6\]"),
+        (lambda t: None, "mixtral", "layout='mixtral'"),
+    ],
+)
+def test_per_expert_errors(mutate, layout, match):
+    tensors = per_expert_tensors(np.random.default_rng(7))
+    mutate(tensors)
+    with pytest.raises(ValueError, match=match):
+        load_experts(tensors, layout)
+
+
+def test_gpt_oss_errors():
+    tensors = gpt_oss_tensors(np.random.default_rng(8))
+    with pytest.raises(ValueError, match="'down_proj_bias'"):
+        load_experts({k: v for k, v in tensors.items() if k != "down_proj_bias"}, "gpt_oss")
+    with pytest.raises(ValueError, match=r"down_proj must have shape \[4, 6, 8\]"):
+        load_experts({**tensors, "down_proj": tensors["down_proj"][:, :-1]}, "gpt_oss")
+    with pytest.raises(ValueError, match="MXFP4"):
+        load_experts({"gate_up_proj_blocks": np.zeros(4, np.uint8)}, "gpt_oss")
+    with pytest.raises(ValueError, match="check `layout` and `prefix`"):
+        load_experts(tensors, "gpt_oss", prefix="model.")
+    with pytest.raises(TypeError, match="mapping"):
+        load_experts(list(tensors.values()), "gpt_oss")
+
+
+def test_set_expert_params_errors():
+    params = load_experts(gpt_oss_tensors(np.random.default_rng(9)), "gpt_oss")
+    no_bias = MoE(H, I, E, K, activation="gptoss", rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="expert_bias=True"):
+        set_expert_params(no_bias, params)
+    wider = MoE(H, 2 * I, E, K, activation="gptoss", expert_bias=True, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match=r"params\['b_down'\]|params\['b_gate_up'\]"):
+        set_expert_params(wider, params)
+    with pytest.raises(TypeError, match="moe_pallas.MoE"):
+        set_expert_params(object(), params)
