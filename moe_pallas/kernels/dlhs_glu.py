@@ -19,6 +19,7 @@ Tiling. As `gmm` with a transposed rhs: a 1-D grid over (visit, n-tile) pairs fr
 kernel by token; K = H loops in block_k steps, N = I tiles of block_n are masked at the tail.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -117,9 +118,12 @@ def dlhs_glu(
         )
     if num_rows == 0 or n_out == 0:
         return jnp.zeros_like(h), jnp.zeros((num_rows, n_out), h.dtype), jnp.zeros((num_rows,), jnp.float32)
-    cfg = (config or _config.pick("gmm_t", num_rows, num_groups, k_dim, n_out)).fit(
-        num_rows, k_dim, n_out
-    )
+    if config is None:
+        # The table's gmm_t tiles, at most 128 wide: the epilogue holds gate, up and the
+        # activation beside the accumulator, and 256-wide float32 tiles would spill registers.
+        config = _config.pick("gmm_t", num_rows, num_groups, k_dim, n_out)
+        config = dataclasses.replace(config, block_n=min(config.block_n, 128))
+    cfg = config.fit(num_rows, k_dim, n_out)
     sched = dispatch.tile_schedule(group_sizes, num_rows, cfg.block_m)
     num_visits = sched.group.shape[0]
     n_tiles = pl.cdiv(n_out, cfg.block_n)
