@@ -11,7 +11,7 @@ routing weights); gmm/tgmm cases time one grouped matmul.
   jax.lax.ragged_dot    our "xla" backend: jax.lax.ragged_dot (on GPU a dense masked matmul).
   tokamax               the same glue around `tokamax.ragged_dot(implementation="mosaic")`.
   torch._grouped_mm     the same glue in PyTorch around `torch._grouped_mm`, combine by index_add_.
-  torch loop            the seeds' loop over experts with `index_add_`.
+  torch_loop            the seeds' loop over experts with `index_add_`.
 """
 
 import dataclasses
@@ -327,11 +327,11 @@ def _prepare_torch_loop(case: Case, inputs: dict) -> Prepared:
 
 
 OURS = tuple(f"moe_pallas:{b}" for b in _experts.IMPLEMENTATIONS if b not in ("auto", "xla"))
-PEERS = ("jax.lax.ragged_dot", "tokamax", "torch._grouped_mm", "torch loop")
+PEERS = ("jax.lax.ragged_dot", "tokamax", "torch._grouped_mm", "torch_loop")
 IMPLS: dict[str, Callable[[Case, dict], Prepared]] = {
     **{name: _ours(name.split(":")[1]) for name in OURS},
     "jax.lax.ragged_dot": _prepare_xla,
     "tokamax": _prepare_tokamax,
     "torch._grouped_mm": _prepare_torch_grouped,
-    "torch loop": _prepare_torch_loop,
+    "torch_loop": _prepare_torch_loop,
 }

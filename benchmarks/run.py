@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--ceiling", choices=("datasheet", "measured"), default="datasheet")
     parser.add_argument("--device", choices=tuple(_sol.DEVICES), help="datasheet entry (default: detect)")
     parser.add_argument("--budget", type=float, default=0.3, help="seconds of timed samples per measurement")
+    parser.add_argument("--tokens", help="only cases with these token counts, e.g. 1,2048")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
 
@@ -235,6 +236,9 @@ def main(argv: list[str] | None = None) -> Path:
     # The reference peer goes first so the others can be checked against its output.
     impl_names.sort(key=lambda n: n != "jax.lax.ragged_dot")
     case_list = [c for s in args.suite.split(",") for c in _cases.suite_cases(s.strip(), small=args.small)]
+    if args.tokens:
+        keep = {int(t) for t in args.tokens.split(",")}
+        case_list = [c for c in case_list if c.tokens in keep]
 
     if args.ceiling == "measured":
         device = _sol.measure_ceilings(*((256, 1 << 24) if args.small else ()))
@@ -247,7 +251,7 @@ def main(argv: list[str] | None = None) -> Path:
         "ceilings": f"{device.name}: {device.peak_flops['bfloat16'] / 1e12:.0f} TFLOP/s bf16, "
                     f"{device.bandwidth / 1e12:.2f} TB/s",
         "peak_flops_bf16": device.peak_flops["bfloat16"], "bandwidth": device.bandwidth,
-        "small": args.small, "budget_s": args.budget,
+        "small": args.small, "budget_s": args.budget, "versions": _versions(),
     }
     slug = jax.devices()[0].device_kind.lower().replace(" ", "-")
     out_dir = args.out or RESULTS / f"{now:%Y-%m-%d}_{slug}{'_small' if args.small else ''}"
@@ -260,6 +264,7 @@ def main(argv: list[str] | None = None) -> Path:
                 params = _cases.make_params(case.workload)
                 params_of = case.workload
             rows += run_case(case, impl_names, params, device, args.budget, pbar)
+            write(out_dir, rows, meta, plots=False)  # partial results survive an interrupted run
     meta["versions"] = _versions()
     meta["wall_s"] = (datetime.datetime.now(datetime.UTC) - now).total_seconds()
     write(out_dir, rows, meta, plots=not args.no_plots)

@@ -1,0 +1,45 @@
+"""Every notebook runs top to bottom on CPU (nbclient, the venv's "python3" kernel), in time.
+
+A failing cell fails the test with the cell's traceback. To refresh a notebook's stored outputs:
+`python tests/test_notebooks.py notebooks/NAME.ipynb`.
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+TIME_LIMIT_S = 120
+
+
+def execute(path: Path):
+    """Run a notebook in its own folder (repo imports work from there); return it and seconds."""
+    nb = nbformat.read(path, as_version=4)
+    start = time.perf_counter()
+    nbclient.NotebookClient(
+        nb, timeout=TIME_LIMIT_S, kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    ).execute()
+    return nb, time.perf_counter() - start
+
+
+def test_notebooks_exist():
+    assert {p.name[:2] for p in NOTEBOOKS} >= {"01", "02", "04"}
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_on_cpu(path):
+    _, seconds = execute(path)
+    assert seconds < TIME_LIMIT_S
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        notebook, seconds = execute(Path(arg).resolve())
+        nbformat.write(notebook, arg)
+        print(f"{arg}: {seconds:.1f} s")
