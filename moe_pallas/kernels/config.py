@@ -34,17 +34,15 @@ class BlockConfig:
 
 # BEGIN TABLE (autotune_gmm.py)
 _TABLE: dict[tuple[str, str], BlockConfig] = {
-    ("gmm", "tiny"): BlockConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
-    ("gmm", "small"): BlockConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4),
-    ("gmm", "large"): BlockConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3),
-    ("gmm_t", "tiny"): BlockConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4),
-    ("gmm_t", "small"): BlockConfig(block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4),
-    ("gmm_t", "large"): BlockConfig(
-        block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3
-    ),
-    ("tgmm", "tiny"): BlockConfig(block_m=32, block_n=128, block_k=64, num_warps=4, num_stages=3),
-    ("tgmm", "small"): BlockConfig(block_m=64, block_n=128, block_k=128, num_warps=4, num_stages=3),
-    ("tgmm", "large"): BlockConfig(block_m=64, block_n=128, block_k=128, num_warps=8, num_stages=3),
+    ("gmm", "large"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
+    ("gmm", "small"): BlockConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=4),
+    ("gmm", "tiny"): BlockConfig(16, 128, 128, group_m=8, num_warps=4, num_stages=3),
+    ("gmm_t", "large"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
+    ("gmm_t", "small"): BlockConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=4),
+    ("gmm_t", "tiny"): BlockConfig(16, 64, 128, group_m=8, num_warps=4, num_stages=4),
+    ("tgmm", "large"): BlockConfig(32, 128, 128, group_m=8, num_warps=4, num_stages=4),
+    ("tgmm", "small"): BlockConfig(64, 128, 128, group_m=8, num_warps=4, num_stages=3),
+    ("tgmm", "tiny"): BlockConfig(32, 128, 128, group_m=8, num_warps=4, num_stages=4),
 }
 # END TABLE
 
@@ -58,6 +56,18 @@ def rows_class(num_rows: int, num_groups: int) -> str:
     return "large"
 
 
+_MIN_PROGRAMS = 4 * 132  # a few programs per H200 SM keep every SM streaming weights
+
+
 def pick(kernel: str, num_rows: int, num_groups: int, k: int, n: int) -> BlockConfig:
-    """The table's config for this shape, fitted to it."""
-    return _TABLE[(kernel, rows_class(num_rows, num_groups))].fit(num_rows, k, n)
+    """The table's config for this shape, fitted to it.
+
+    With few rows, only min(rows, groups) experts are hit: narrow block_n until their weights are
+    split over enough programs to occupy every SM (at T = 1, 4 experts x 45 column tiles would
+    leave SMs idle).
+    """
+    cfg = _TABLE[(kernel, rows_class(num_rows, num_groups))].fit(num_rows, k, n)
+    if kernel != "tgmm":
+        while cfg.block_n > 32 and min(num_rows, num_groups) * -(-n // cfg.block_n) < _MIN_PROGRAMS:
+            cfg = dataclasses.replace(cfg, block_n=cfg.block_n // 2)
+    return cfg

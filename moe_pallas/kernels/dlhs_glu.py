@@ -33,9 +33,26 @@ from moe_pallas.kernels import config as _config
 
 
 def _dlhs_glu_kernel(
-    group_ref, m_start_ref, row_start_ref, row_end_ref, row_token_ref, row_weight_ref,
-    dout_ref, w_ref, h_ref, dh_ref, a_ref, dw_ref,
-    *, num_groups, num_visits, k_dim, n_out, cfg, activation, compute_dtype,
+    group_ref,
+    m_start_ref,
+    row_start_ref,
+    row_end_ref,
+    row_token_ref,
+    row_weight_ref,
+    dout_ref,
+    w_ref,
+    h_ref,
+    dh_ref,
+    a_ref,
+    dw_ref,
+    *,
+    num_groups,
+    num_visits,
+    k_dim,
+    n_out,
+    cfg,
+    activation,
+    compute_dtype,
 ):
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     n_tiles = pl.cdiv(n_out, bn)
@@ -54,11 +71,15 @@ def _dlhs_glu_kernel(
     cols = n0 + jnp.arange(bn, dtype=jnp.int32)
     n_ok = cols < n_out
     mask = row_ok[:, None] & n_ok[None, :]
-    gate_cols, up_cols = (2 * cols, 2 * cols + 1) if activation == "gptoss" else (cols, cols + n_out)
+    gate_cols, up_cols = (
+        (2 * cols, 2 * cols + 1) if activation == "gptoss" else (cols, cols + n_out)
+    )
     used = row_start_ref[v] < row_end_ref[v]
 
     def store(dgate, dup, act, dw):
-        plgpu.store(dh_ref.at[rows[:, None], gate_cols[None, :]], dgate.astype(dh_ref.dtype), mask=mask)
+        plgpu.store(
+            dh_ref.at[rows[:, None], gate_cols[None, :]], dgate.astype(dh_ref.dtype), mask=mask
+        )
         plgpu.store(dh_ref.at[rows[:, None], up_cols[None, :]], dup.astype(dh_ref.dtype), mask=mask)
         plgpu.store(a_ref.at[pl.ds(m0, bm), pl.ds(n0, bn)], act.astype(a_ref.dtype), mask=mask)
         plgpu.store(dw_ref.at[n_idx, pl.ds(m0, bm)], dw, mask=row_ok)
@@ -78,7 +99,9 @@ def _dlhs_glu_kernel(
             k_ok = ks < k_dim
             d = plgpu.load(dout_ref.at[src[:, None], ks[None, :]], mask=k_ok[None, :], other=0)
             w = plgpu.load(
-                w_ref.at[g, pl.ds(n0, bn), pl.ds(k0, bk)], mask=n_ok[:, None] & k_ok[None, :], other=0
+                w_ref.at[g, pl.ds(n0, bn), pl.ds(k0, bk)],
+                mask=n_ok[:, None] & k_ok[None, :],
+                other=0,
             )
             return acc + plgpu.dot(d.astype(compute_dtype), w.astype(compute_dtype), trans_b=True)
 
@@ -117,7 +140,11 @@ def dlhs_glu(
             "(need h [M, 2I], w_down [E, I, H], dout [T, H])."
         )
     if num_rows == 0 or n_out == 0:
-        return jnp.zeros_like(h), jnp.zeros((num_rows, n_out), h.dtype), jnp.zeros((num_rows,), jnp.float32)
+        return (
+            jnp.zeros_like(h),
+            jnp.zeros((num_rows, n_out), h.dtype),
+            jnp.zeros((num_rows,), jnp.float32),
+        )
     if config is None:
         # The table's gmm_t tiles, at most 128 wide: the epilogue holds gate, up and the
         # activation beside the accumulator, and 256-wide float32 tiles would spill registers.
@@ -149,7 +176,14 @@ def dlhs_glu(
         interpret=_backend.interpret_mode(),
         name="dlhs_glu",
     )(
-        sched.group, sched.m_start, sched.row_start, sched.row_end,
-        row_token.astype(jnp.int32), row_weight.astype(jnp.float32), dout, w_down, h,
+        sched.group,
+        sched.m_start,
+        sched.row_start,
+        sched.row_end,
+        row_token.astype(jnp.int32),
+        row_weight.astype(jnp.float32),
+        dout,
+        w_down,
+        h,
     )
     return dh, a, jnp.sum(dw_partial, axis=0)

@@ -36,6 +36,11 @@ def _and(a, b):
     return b if a is None else a if b is None else a & b
 
 
+def _load(ref, mask):
+    # Triton rejects `other` without a mask; unmasked loads are the common, faster case.
+    return plgpu.load(ref, mask=mask) if mask is None else plgpu.load(ref, mask=mask, other=0)
+
+
 def _gmm_kernel(
     *refs,
     num_groups: int,
@@ -88,7 +93,7 @@ def _gmm_kernel(
     @pl.when(used & (g < num_groups))
     def _grouped_rows():
         if gather:
-            src = plgpu.load(row_index_ref.at[pl.ds(m0, bm)], mask=row_ok, other=0)
+            src = _load(row_index_ref.at[pl.ds(m0, bm)], row_ok)
         # Column indices of the accumulator(s) in rhs (and bias): gate/up halves for a GLU.
         if activation == "swiglu":
             rhs_cols = (cols, cols + n_out)
@@ -102,16 +107,14 @@ def _gmm_kernel(
             ks = k0 + jnp.arange(bk, dtype=jnp.int32)
             k_mask = ks < k_dim if k_dim % bk else None
             if gather:
-                a = plgpu.load(
+                a = _load(
                     lhs_ref.at[src[:, None], ks[None, :]],
-                    mask=None if k_mask is None else k_mask[None, :],
-                    other=0,
+                    None if k_mask is None else k_mask[None, :],
                 )
             else:
-                a = plgpu.load(
+                a = _load(
                     lhs_ref.at[pl.ds(m0, bm), pl.ds(k0, bk)],
-                    mask=_and(row_ok[:, None], None if k_mask is None else k_mask[None, :]),
-                    other=0,
+                    _and(row_ok[:, None], None if k_mask is None else k_mask[None, :]),
                 )
             a = a.astype(compute_dtype)
             kn_mask = _and(
@@ -121,14 +124,13 @@ def _gmm_kernel(
             new = []
             for acc, c in zip(accs, rhs_cols):
                 if transpose_rhs:
-                    b = plgpu.load(
+                    b = _load(
                         rhs_ref.at[g, pl.ds(n0, bn), pl.ds(k0, bk)],
-                        mask=None if kn_mask is None else kn_mask.T,
-                        other=0,
+                        None if kn_mask is None else kn_mask.T,
                     )
                     new.append(acc + plgpu.dot(a, b.astype(compute_dtype), trans_b=True))
                 else:
-                    b = plgpu.load(rhs_ref.at[g, ks[:, None], c[None, :]], mask=kn_mask, other=0)
+                    b = _load(rhs_ref.at[g, ks[:, None], c[None, :]], kn_mask)
                     new.append(acc + plgpu.dot(a, b.astype(compute_dtype)))
             return tuple(new)
 
@@ -136,13 +138,12 @@ def _gmm_kernel(
         accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), body, accs)
         if has_bias:
             accs = tuple(
-                acc
-                + plgpu.load(bias_ref.at[g, c], mask=n_mask, other=0).astype(jnp.float32)[None, :]
+                acc + _load(bias_ref.at[g, c], n_mask).astype(jnp.float32)[None, :]
                 for acc, c in zip(accs, rhs_cols)
             )
         out = glu(accs[0], accs[1], activation) if activation else accs[0]
         if has_row_scale:
-            scale = plgpu.load(row_scale_ref.at[pl.ds(m0, bm)], mask=row_ok, other=0)
+            scale = _load(row_scale_ref.at[pl.ds(m0, bm)], row_ok)
             out = out * scale.astype(jnp.float32)[:, None]
         plgpu.store(
             out_ref.at[pl.ds(m0, bm), pl.ds(n0, bn)], out.astype(out_ref.dtype), mask=out_mask
