@@ -174,8 +174,7 @@ def moe_experts(
     x, topk_idx, topk_weight = jnp.asarray(x), jnp.asarray(topk_idx), jnp.asarray(topk_weight)
     params = validate(x, topk_idx, topk_weight, params, activation)
     backend = resolve_implementation(implementation)
-    debug.check_routing(x, topk_idx, topk_weight, params["w_gate_up"].shape[0])
-    if mesh is not None or return_stats:
+    if mesh is not None or return_stats:  # (parallel checks routing itself, mesh-wide)
         from moe_pallas.parallel import moe_experts_parallel  # parallel imports this module
 
         out, stats = moe_experts_parallel(
@@ -183,6 +182,7 @@ def moe_experts(
             mesh=mesh, expert_axis=expert_axis, exchange=exchange, capacity_factor=capacity_factor,
         )
         return (out, stats) if return_stats else out
+    debug.check_routing(x, topk_idx, topk_weight, params["w_gate_up"].shape[0])
     if x.shape[0] == 0:
         return jnp.zeros_like(x)
     if backend == "xla":

@@ -1,0 +1,300 @@
+"""Expert parallelism: `moe_experts(..., mesh=mesh)` runs the expert block inside `jax.shard_map`.
+
+Layout: the E experts are split into S = mesh.shape[expert_axis] contiguous slices, shard s holding
+experts [s*E/S, (s+1)*E/S); tokens are split over every mesh axis (T padded to a multiple of the
+mesh size with tokens that route nowhere). Per device, on its T_loc tokens and M = T_loc*k rows:
+
+    1. sort the (token, slot) pairs by expert: rows for shard d are contiguous, `counts[d]` of them;
+    2. exchange over `expert_axis`: shard d receives its rows, their local expert ids and weights;
+    3. y_row = weight * expert(x_row) on the received rows (the single-device `moe_experts`);
+    4. exchange back, and out[t] = sum_j y_row(t, j), summed in float32 in slot order.
+
+Exchanges (`exchange=`):
+  - "all_to_all": `jax.lax.all_to_all` of fixed [S, C] slots per device, C rows per (source,
+    destination) pair. Runs on every platform. Rows past C are dropped.
+  - "ragged": `jax.lax.ragged_all_to_all` (GPU only: XLA:CPU does not implement it), no padding on
+    the wire; each receiver holds B rows and rows past B (in source order) are dropped.
+  - "auto": "ragged" on GPU meshes, "all_to_all" elsewhere.
+
+`capacity_factor` f sizes the receive buffer of each device at f times the balanced load M rows:
+C = ceil(f*M/S) per pair, or B = ceil(f*M). `None` (default) sizes it for the worst case (every
+row to one shard): C = M, B = S*M, and nothing is ever dropped. Dropped rows contribute zero; their
+count is in the stats (`return_stats=True`), and under `moe_pallas.debug_checks()` a drop raises.
+
+Gradients flow through both exchanges (their transposes are the reverse exchanges); weight
+gradients of data-parallel replicas are summed by shard_map.
+"""
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from moe_pallas import debug, experts
+
+Exchange = Literal["auto", "all_to_all", "ragged"]
+EXCHANGES: tuple[str, ...] = ("auto", "all_to_all", "ragged")
+
+
+def expert_mesh(
+    num_expert_shards: int | None = None,
+    data: int | None = None,
+    *,
+    devices: Sequence[jax.Device] | None = None,
+) -> Mesh:
+    """A `("data", "expert")` mesh over `devices` (default: `jax.devices()`, every process's).
+
+    The expert axis is the inner one, so expert shards sit on neighbouring devices (one host's
+    NVLink domain when num_expert_shards <= local devices) and data replicas span hosts.
+    Defaults: all devices on "expert"; give one of the two sizes and the other is inferred.
+    Axes are `AxisType.Auto`: pass global arrays of any sharding, they are resharded as needed.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    n = len(devices)
+    if num_expert_shards is None:
+        num_expert_shards = n // data if data else n
+    if data is None:
+        data = n // num_expert_shards if num_expert_shards > 0 else 0
+    if num_expert_shards < 1 or data < 1 or num_expert_shards * data != n:
+        raise ValueError(
+            f"expert_mesh(num_expert_shards={num_expert_shards}, data={data}) does not tile "
+            f"{n} devices; choose sizes whose product is {n}."
+        )
+    grid = np.asarray(devices, dtype=object).reshape(data, num_expert_shards)
+    return Mesh(grid, ("data", "expert"), axis_types=(AxisType.Auto, AxisType.Auto))
+
+
+class _Plan(NamedTuple):
+    """Where each of a device's M = T_loc*k (token, slot) pairs goes, sorted by expert."""
+
+    order: jax.Array  # [M] sorted row r holds pair order[r] = t*k + j
+    row_of_pair: jax.Array  # [M] inverse of order
+    sorted_expert: jax.Array  # [M] global expert of each sorted row (E for invalid ids)
+    dest: jax.Array  # [M] destination shard of each pair (S for invalid ids)
+    rank: jax.Array  # [M] position of each pair among the rows for its destination
+    counts: jax.Array  # [S] rows for each destination shard
+    start: jax.Array  # [S] first sorted row for each destination shard
+
+
+def _plan(topk_idx: jax.Array, experts_per_shard: int, num_shards: int) -> _Plan:
+    flat = topk_idx.reshape(-1).astype(jnp.int32)
+    num_experts = experts_per_shard * num_shards
+    key = jnp.where((flat >= 0) & (flat < num_experts), flat, num_experts)
+    order = jnp.argsort(key, stable=True).astype(jnp.int32)
+    row_of_pair = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=jnp.int32))
+    dest = key // experts_per_shard
+    counts = jnp.zeros((num_shards,), jnp.int32).at[dest].add(1, mode="drop")
+    start = jnp.cumsum(counts) - counts
+    rank = row_of_pair - start[jnp.minimum(dest, num_shards - 1)]
+    return _Plan(order, row_of_pair, key[order], dest, rank, counts, start)
+
+
+# apply(x_rows [R, H], local_expert [R], weight [R]) -> weight * expert(x_rows) [R, H]; rows whose
+# local_expert is out of range must give zero (the padding of the receive buffers).
+ApplyFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+class _RoundTrip(NamedTuple):
+    y_pair: jax.Array  # [M, H] weighted expert output of each pair, zero where not computed
+    kept: jax.Array  # [M] pairs computed (valid expert id and within capacity)
+    received: jax.Array  # [] rows this device computed
+
+
+def _all_to_all_round_trip(x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity):
+    """Fixed slots: slot (d, c) of the [S*C] send buffer carries sorted row start[d] + c."""
+    num_shards, top_k = plan.counts.shape[0], weight.shape[1]
+    slot = jnp.arange(capacity, dtype=jnp.int32)
+    filled = slot[None, :] < plan.counts[:, None]  # [S, C]
+    sorted_row = jnp.where(filled, plan.start[:, None] + slot[None, :], 0)
+    pair = plan.order[sorted_row]
+    shard = jnp.arange(num_shards, dtype=jnp.int32)[:, None]
+    local = jnp.where(filled, plan.sorted_expert[sorted_row] - shard * experts_per_shard, experts_per_shard)
+    send = (
+        jnp.where(filled[..., None], x[pair // top_k], 0).reshape(num_shards * capacity, -1),
+        local.reshape(-1),
+        jnp.where(filled, weight.reshape(-1)[pair], 0).reshape(-1),
+    )
+    x_recv, local_recv, w_recv = (jax.lax.all_to_all(a, axis, 0, 0, tiled=True) for a in send)
+    y_back = jax.lax.all_to_all(apply(x_recv, local_recv, w_recv), axis, 0, 0, tiled=True)
+    kept = (plan.dest < num_shards) & (plan.rank < capacity)
+    y_pair = jnp.where(kept[:, None], y_back[jnp.where(kept, plan.dest * capacity + plan.rank, 0)], 0)
+    return _RoundTrip(y_pair, kept, jnp.sum(local_recv < experts_per_shard, dtype=jnp.int32))
+
+
+def _ragged_round_trip(x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity):
+    """Ragged slices: source s writes its rows for d at offset sum_{s'<s} counts[s'][d] of d's
+    buffer of `capacity` rows; what does not fit is not sent."""
+    num_shards, top_k = plan.counts.shape[0], weight.shape[1]
+    me = jax.lax.axis_index(axis)
+    counts = jax.lax.all_gather(plan.counts, axis)  # [source, destination]
+    recv_offset = jnp.cumsum(counts, axis=0) - counts
+    sent = jnp.clip(capacity - recv_offset, 0, counts)
+    send_offset = jnp.cumsum(counts, axis=1) - counts
+
+    def exchange(operand, rows, fill, in_offsets, send_sizes, out_offsets, recv_sizes):
+        output = jnp.full((rows, *operand.shape[1:]), fill, operand.dtype)
+        return jax.lax.ragged_all_to_all(
+            operand, output, in_offsets, send_sizes, out_offsets, recv_sizes, axis_name=axis
+        )
+
+    forward = (send_offset[me], sent[me], recv_offset[me], sent[:, me])
+    backward = (recv_offset[:, me], sent[:, me], send_offset[:, me], sent[me])
+    pair = plan.order
+    sorted_shard = jnp.minimum(plan.sorted_expert // experts_per_shard, num_shards - 1)
+    x_recv = exchange(x[pair // top_k], capacity, 0, *forward)
+    local_recv = exchange(plan.sorted_expert - sorted_shard * experts_per_shard, capacity,
+                          experts_per_shard, *forward)
+    w_recv = exchange(weight.reshape(-1)[pair], capacity, 0, *forward)
+    y = apply(x_recv, local_recv, w_recv)
+    y_sorted = exchange(y, pair.shape[0], 0, *backward)
+    kept = (plan.dest < num_shards) & (plan.rank < sent[me][jnp.minimum(plan.dest, num_shards - 1)])
+    y_pair = jnp.where(kept[:, None], y_sorted[plan.row_of_pair], 0)
+    return _RoundTrip(y_pair, kept, jnp.sum(sent[:, me]))
+
+
+_ROUND_TRIPS = {"all_to_all": _all_to_all_round_trip, "ragged": _ragged_round_trip}
+
+
+def resolve_exchange(exchange: str, mesh: Mesh) -> str:
+    """Map "auto" to "ragged" on GPU meshes and "all_to_all" elsewhere; reject unknown names."""
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange={exchange!r}; use one of {EXCHANGES}.")
+    if exchange == "auto":
+        return "ragged" if mesh.devices.flat[0].platform == "gpu" else "all_to_all"
+    return exchange
+
+
+def capacity_rows(exchange: str, rows: int, num_shards: int, capacity_factor: float | None) -> int:
+    """Receive-buffer rows: C per (source, destination) pair for all_to_all, B for ragged."""
+    if exchange == "all_to_all":
+        worst, balanced = rows, rows / num_shards
+    else:
+        worst, balanced = rows * num_shards, rows
+    if capacity_factor is None:
+        return worst
+    return max(1, min(worst, math.ceil(capacity_factor * balanced)))
+
+
+def _to_mesh(a: jax.Array, mesh: Mesh, spec: P) -> jax.Array:
+    """Explicit-axis meshes need inputs laid out as in_specs says; Auto axes reshard in shard_map."""
+    if all(t == AxisType.Explicit for t in mesh.axis_types):
+        return jax.reshard(a, NamedSharding(mesh, spec))
+    return a
+
+
+def _raise_on_counts(counts, num_experts: int, capacity: int, exchange: str, _after) -> None:
+    dropped, bad_ids, bad_weights, bad_x = (int(c) for c in counts)
+    debug._raise_if(bad_ids > 0, f"topk_idx holds {bad_ids} expert ids outside [0, {num_experts}); "
+                    "fix the router or num_experts.")
+    debug._raise_if(bad_weights > 0, "topk_weight holds NaN or Inf; check the router logits.")
+    debug._raise_if(bad_x > 0, "x holds NaN or Inf; check the layer input.")
+    debug._raise_if(
+        dropped > 0,
+        f"expert parallelism dropped {dropped} (token, slot) rows: the {exchange} receive buffer "
+        f"holds {capacity} rows; raise capacity_factor (None never drops).",
+    )
+
+
+def _debug_counts(x, topk_idx, topk_weight, dropped, num_tokens, num_experts, axes):
+    """[dropped, bad ids, bad weights, bad x] of this device's real (unpadded) tokens."""
+    token = jax.lax.axis_index(axes) * x.shape[0] + jnp.arange(x.shape[0])
+    real = (token < num_tokens)[:, None]
+    bad_ids = real & ((topk_idx < 0) | (topk_idx >= num_experts))
+    bad_weights = real & ~jnp.isfinite(topk_weight)
+    bad_x = real & ~jnp.isfinite(x)
+    return jnp.stack([dropped] + [jnp.sum(b, dtype=jnp.int32) for b in (bad_ids, bad_weights, bad_x)])
+
+
+def moe_experts_parallel(
+    x: jax.Array,
+    topk_idx: jax.Array,
+    topk_weight: jax.Array,
+    params: dict[str, jax.Array],
+    *,
+    activation: str,
+    implementation: str,
+    mesh: Mesh | None,
+    expert_axis: str = "expert",
+    exchange: Exchange = "auto",
+    capacity_factor: float | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array | int]]:
+    """The body of `moe_experts(..., mesh=mesh, return_stats=True)`; inputs validated, params a dict.
+
+    Returns (out [T, H], stats) with stats = {"dropped_rows": int32[] over the whole mesh,
+    "rows_per_shard": int32[S] rows computed by each expert shard (summed over other axes),
+    "capacity_rows": the receive-buffer size (C per pair for all_to_all, B for ragged)}.
+    With mesh=None it is the single-device call, which drops nothing (S = 1).
+    """
+    if mesh is None:
+        out = experts.moe_experts(x, topk_idx, topk_weight, params, activation=activation,
+                                  implementation=implementation)
+        num_experts = params["w_gate_up"].shape[0]
+        rows = jnp.sum((topk_idx >= 0) & (topk_idx < num_experts), dtype=jnp.int32)
+        return out, {"dropped_rows": jnp.zeros((), jnp.int32), "rows_per_shard": rows[None],
+                     "capacity_rows": topk_idx.size}
+    if not isinstance(mesh, Mesh):
+        raise TypeError(f"mesh must be a jax.sharding.Mesh (see moe_pallas.expert_mesh), got {type(mesh)}.")
+    if expert_axis not in mesh.axis_names:
+        raise ValueError(f"expert_axis={expert_axis!r} is not an axis of the mesh {mesh.axis_names}.")
+    if capacity_factor is not None and not capacity_factor > 0:
+        raise ValueError(f"capacity_factor must be > 0 or None (never drop), got {capacity_factor}.")
+    num_shards = mesh.shape[expert_axis]
+    num_experts = params["w_gate_up"].shape[0]
+    if num_experts % num_shards:
+        raise ValueError(
+            f"{num_experts} experts do not split over {num_shards} shards of mesh axis "
+            f"{expert_axis!r}; use an expert count divisible by the axis size."
+        )
+    exchange = resolve_exchange(exchange, mesh)
+    experts_per_shard = num_experts // num_shards
+    num_tokens, top_k = topk_idx.shape
+    pad = -num_tokens % mesh.size
+    if pad:  # tokens with expert id -1 route nowhere and are sliced off
+        x = jnp.pad(x, ((0, pad), (0, 0)))
+        topk_idx = jnp.pad(topk_idx, ((0, pad), (0, 0)), constant_values=-1)
+        topk_weight = jnp.pad(topk_weight, ((0, pad), (0, 0)))
+    rows = (num_tokens + pad) // mesh.size * top_k
+    capacity = capacity_rows(exchange, rows, num_shards, capacity_factor)
+    round_trip = _ROUND_TRIPS[exchange]
+    axes = tuple(mesh.axis_names)
+    other_axes = tuple(a for a in axes if a != expert_axis)
+
+    def shard_body(x, topk_idx, topk_weight, params):
+        def apply(x_rows, local_expert, weight):
+            with debug.debug_checks(False):  # padding rows carry out-of-range ids on purpose
+                return experts.moe_experts(x_rows, local_expert[:, None], weight[:, None], params,
+                                     activation=activation, implementation=implementation)
+
+        plan = _plan(topk_idx, experts_per_shard, num_shards)
+        trip = round_trip(x, topk_weight, plan, apply, expert_axis, experts_per_shard, capacity)
+        out = jnp.sum(trip.y_pair.astype(jnp.float32).reshape(*topk_idx.shape, -1), axis=1)
+        dropped = jnp.sum(plan.dest < num_shards, dtype=jnp.int32) - jnp.sum(trip.kept, dtype=jnp.int32)
+        received = trip.received[None]
+        if other_axes:
+            received = jax.lax.psum(received, other_axes)
+        if not debug.enabled():
+            return out.astype(x.dtype), jax.lax.psum(dropped, axes), received
+        # Checked on mesh-wide counts after the last exchange, so every device raises together: a
+        # lone raise would strand its peers inside a collective until XLA aborts the process.
+        counts = jax.lax.psum(_debug_counts(x, topk_idx, topk_weight, dropped, num_tokens,
+                                            num_experts, axes), axes)
+        jax.debug.callback(_raise_on_counts, counts, num_experts, capacity, exchange, out[:1, :1])
+        return out.astype(x.dtype), counts[0], received
+
+    tokens = P(axes)
+    expert_slices = {name: P(expert_axis) for name in params}
+    args = [_to_mesh(a, mesh, tokens) for a in (x, topk_idx, topk_weight)]
+    params = {name: _to_mesh(p, mesh, P(expert_axis)) for name, p in params.items()}
+    out, dropped, received = jax.shard_map(
+        shard_body, mesh=mesh, in_specs=(tokens, tokens, tokens, expert_slices),
+        out_specs=(tokens, P(), P(expert_axis)),
+    )(*args, params)
+    stats = {"dropped_rows": dropped, "rows_per_shard": received, "capacity_rows": capacity}
+    if pad:
+        out = _to_mesh(out, mesh, P())[:num_tokens]  # explicit axes cannot slice a sharded dim
+    return out, stats

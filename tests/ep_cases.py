@@ -1,0 +1,213 @@
+"""Expert-parallel cases on 8 simulated CPU devices, run by tests/test_parallel.py in a subprocess.
+
+`python tests/ep_cases.py` sets XLA_FLAGS before importing jax, runs every case and prints one JSON
+object {case: {metric: value}} as its last line; the assertions live in test_parallel.py.
+XLA:CPU has no ragged_all_to_all, so the "ragged" cases first check that the real collective traces
+and lowers (forward and backward), then run with `jax.lax.ragged_all_to_all` replaced by an
+emulation built from all_to_all that follows its documented semantics.
+"""
+
+import json
+import os
+import sys
+from functools import partial
+
+os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import moe_pallas  # noqa: E402
+from moe_pallas.reference import moe_experts_reference  # noqa: E402
+
+H, I = 16, 8
+
+
+def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
+                               recv_sizes, *, axis_name):
+    """`jax.lax.ragged_all_to_all` (one slice per peer) from all_to_all, gather and scatter."""
+    num_peers, rows = jax.lax.axis_size(axis_name), operand.shape[0]
+    r = jnp.arange(rows)
+    tail = (1,) * (operand.ndim - 1)
+    src = jnp.clip(input_offsets[:, None] + r[None], 0, rows - 1)
+    chunks = jnp.where((r[None] < send_sizes[:, None]).reshape(num_peers, rows, *tail), operand[src], 0)
+    received = jax.lax.all_to_all(chunks, axis_name, 0, 0, tiled=True)
+    offsets = jax.lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True)
+    dst = jnp.where(r[None] < recv_sizes[:, None], offsets[:, None] + r[None], output.shape[0])
+    return output.at[dst.reshape(-1)].set(received.reshape(-1, *operand.shape[1:]), mode="drop")
+
+
+def make_inputs(seed, T, E, k, dtype=jnp.float32, bias=False, invalid=0, hot=None):
+    ks = jax.random.split(jax.random.key(seed), 7)
+    x = jax.random.normal(ks[0], (T, H), jnp.float32)
+    scores = jax.random.normal(ks[1], (T, E))
+    idx = jax.lax.top_k(scores, k)[1].astype(jnp.int32)
+    if hot is not None:  # the first slot of `hot` of the tokens goes to expert 0
+        idx = idx.at[:hot, 0].set(jnp.where((idx[:hot] == 0).any(1), idx[:hot, 0], 0))
+    if invalid:
+        idx = idx.at[:invalid, -1].set(-1)
+    w = jax.random.uniform(ks[2], (T, k), jnp.float32, 0.1, 1.0)
+    params = {"w_gate_up": jax.random.normal(ks[3], (E, H, 2 * I)) / H**0.5,
+              "w_down": jax.random.normal(ks[4], (E, I, H)) / I**0.5}
+    if bias:
+        params["b_gate_up"] = 0.1 * jax.random.normal(ks[5], (E, 2 * I))
+        params["b_down"] = 0.1 * jax.random.normal(ks[6], (E, H))
+    params = {n: p.astype(dtype) for n, p in params.items()}
+    return x.astype(dtype), idx, w, params
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+def fwd_and_grads(fn, x, idx, w, params):
+    """out and the gradients of <out, cot> w.r.t. (x, w, params), in one jit."""
+    cot = jax.random.normal(jax.random.key(99), x.shape).astype(x.dtype)
+
+    @jax.jit
+    def run(x, w, params):
+        out, vjp = jax.vjp(lambda x, w, p: fn(x, idx, w, p), x, w, params)
+        return out, vjp(cot)
+
+    return run(x, w, params)
+
+
+def compare(ep_fn, x, idx, w, params, activation, grads=True):
+    single = partial(moe_pallas.moe_experts, activation=activation, implementation="xla")
+    if not grads:
+        out = jax.jit(ep_fn)(x, idx, w, params)
+        ref = single(x, idx, w, params)
+        exact = moe_experts_reference(x, idx, w, params, activation=activation)
+        return {"fwd": rel(out, ref), "fwd_vs_f32_reference": rel(out, exact)}
+    out, g = fwd_and_grads(ep_fn, x, idx, w, params)
+    ref, g_ref = fwd_and_grads(single, x, idx, w, params)
+    leaves, ref_leaves = jax.tree.leaves(g), jax.tree.leaves(g_ref)
+    return {"fwd": rel(out, ref), "grad": max(rel(a, b) for a, b in zip(leaves, ref_leaves))}
+
+
+def expected_kept(idx, E, S, num_devices, exchange, capacity):
+    """The pairs each exchange computes, from its definition (tokens blocked over devices)."""
+    idx = np.asarray(idx)
+    T, k = idx.shape
+    t_loc, e_loc = T // num_devices, E // S
+    kept = np.zeros((T, k), bool)
+    for group in range(num_devices // S):
+        filled = np.zeros(S, int)  # ragged: rows earlier sources sent to each destination
+        for s in range(S):
+            block = slice((group * S + s) * t_loc, (group * S + s + 1) * t_loc)
+            flat = idx[block].reshape(-1)
+            valid = (flat >= 0) & (flat < E)
+            order = np.argsort(np.where(valid, flat, E), kind="stable")
+            rank, counts = np.zeros(S, int), np.bincount(flat[valid] // e_loc, minlength=S)
+            kept_block = np.zeros(flat.shape, bool)
+            for p in order[: valid.sum()]:
+                d = flat[p] // e_loc
+                limit = capacity if exchange == "all_to_all" else capacity - filled[d]
+                kept_block[p] = rank[d] < limit
+                rank[d] += 1
+            filled += counts
+            kept[block] = kept_block.reshape(-1, k)
+    return kept
+
+
+def drop_case(exchange, S, data, capacity_factor, seed):
+    E, k, T = 16, 4, 64
+    x, idx, w, params = make_inputs(seed, T, E, k, hot=48)
+    mesh = moe_pallas.expert_mesh(S, data)
+    fn = jax.jit(partial(moe_pallas.moe_experts, activation="swiglu", implementation="xla", mesh=mesh,
+                         exchange=exchange, capacity_factor=capacity_factor, return_stats=True))
+    out, stats = fn(x, idx, w, params)
+    kept = expected_kept(idx, E, S, mesh.size, exchange, stats["capacity_rows"])
+    valid = np.asarray((idx >= 0) & (idx < E))
+    ref = moe_pallas.moe_experts(x, jnp.where(kept, idx, -1), w, params, activation="swiglu")
+    return {"fwd": rel(out, ref), "dropped": int(stats["dropped_rows"]),
+            "expected_dropped": int((valid & ~kept).sum()),
+            "rows_computed": int(stats["rows_per_shard"].sum()), "expected_rows": int(kept.sum())}
+
+
+def ragged_lowers():
+    """The real ragged_all_to_all path traces and lowers, forward and backward (no CPU run)."""
+    x, idx, w, params = make_inputs(7, 32, 16, 2)
+    mesh = moe_pallas.expert_mesh(4, 2)
+    fn = partial(moe_pallas.moe_experts, activation="swiglu", implementation="xla", mesh=mesh,
+                 exchange="ragged")
+    loss = lambda x, w, p: jnp.sum(fn(x, idx, w, p) ** 2)  # noqa: E731
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, w, params).as_text()
+    return {"ragged_ops": text.count("ragged_all_to_all")}
+
+
+def debug_raises():
+    """Under debug_checks, drops and bad expert ids raise (on every device: no stranded peer)."""
+    x, idx, w, params = make_inputs(3, 32, 16, 4, hot=32)
+    mesh = moe_pallas.expert_mesh(8)
+    raised = {}
+    for name, ids, factor in [("drop", idx, 0.5), ("bad_id", idx.at[3, 1].set(99), None)]:
+        with moe_pallas.debug_checks():
+            fn = jax.jit(partial(moe_pallas.moe_experts, activation="swiglu", implementation="xla",
+                                 mesh=mesh, exchange="all_to_all", capacity_factor=factor))
+            try:
+                jax.block_until_ready(fn(x, ids, w, params))
+                raised[name] = ""
+            except Exception as e:  # the callback's ValueError arrives wrapped in a runtime error
+                raised[name] = str(e)
+    return raised
+
+
+def errors():
+    x, idx, w, params = make_inputs(0, 8, 12, 2)
+    messages = {}
+    for name, kwargs in {
+        "indivisible_experts": dict(mesh=moe_pallas.expert_mesh(8)),
+        "bad_axis": dict(mesh=moe_pallas.expert_mesh(8), expert_axis="experts"),
+    }.items():
+        try:
+            moe_pallas.moe_experts(x, idx, w, params, activation="swiglu", **kwargs)
+            messages[name] = ""
+        except ValueError as e:
+            messages[name] = str(e)
+    return messages
+
+
+def main():
+    results = {"ragged_lowers": ragged_lowers()}
+    jax.lax.ragged_all_to_all = emulated_ragged_all_to_all
+    ep = lambda mesh, **kw: partial(  # noqa: E731
+        moe_pallas.moe_experts, implementation="xla", mesh=mesh, **kw)
+
+    x, idx, w, params = make_inputs(1, 64, 16, 4)
+    results["a2a_ep8"] = compare(ep(moe_pallas.expert_mesh(8), activation="swiglu",
+                                    exchange="all_to_all"), x, idx, w, params, "swiglu")
+    x, idx, w, params = make_inputs(2, 37, 16, 4, bias=True, invalid=5)
+    results["a2a_ep4_data2_gptoss_tail"] = compare(
+        ep(moe_pallas.expert_mesh(4, 2), activation="gptoss", exchange="all_to_all"),
+        x, idx, w, params, "gptoss")
+    x, idx, w, params = make_inputs(3, 64, 16, 4, dtype=jnp.bfloat16)
+    results["a2a_ep2_data4_bf16"] = compare(
+        ep(moe_pallas.expert_mesh(2, 4), activation="swiglu", exchange="all_to_all"),
+        x, idx, w, params, "swiglu", grads=False)
+    x, idx, w, params = make_inputs(4, 16, 16, 1)
+    idx = jnp.full_like(idx, 3)  # one hot expert: shard 1 gets every row, the others none
+    results["a2a_one_hot_expert"] = compare(
+        ep(moe_pallas.expert_mesh(8), activation="swiglu", exchange="all_to_all"),
+        x, idx, w, params, "swiglu")
+    x, idx, w, params = make_inputs(5, 40, 16, 2)
+    results["ragged_ep8_emulated"] = compare(
+        ep(moe_pallas.expert_mesh(8), activation="swiglu", exchange="ragged"), x, idx, w, params, "swiglu")
+    x, idx, w, params = make_inputs(6, 1, 8, 2)
+    results["explicit_mesh_T1"] = compare(
+        ep(jax.make_mesh((2, 4), ("data", "expert")), activation="swiglu", exchange="all_to_all"),
+        x, idx, w, params, "swiglu", grads=False)
+    results["a2a_drop"] = drop_case("all_to_all", 8, 1, 1.0, 8)
+    results["ragged_drop_emulated"] = drop_case("ragged", 4, 2, 1.0, 9)
+    results["debug_raises"] = debug_raises()
+    results["errors"] = errors()
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

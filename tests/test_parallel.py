@@ -1,0 +1,137 @@
+"""Expert parallelism (moe_pallas.parallel): shard_map exchanges against the single-device layer.
+
+The 8-device cases run once, in a subprocess (tests/ep_cases.py) that sets
+--xla_force_host_platform_device_count=8 before importing jax; each test below checks one case.
+Tests in this process use the one-device mesh, argument errors and the 2-GPU ragged path.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import moe_pallas
+from moe_pallas.parallel import capacity_rows
+
+HERE = os.path.dirname(__file__)
+F32, BF16 = 1e-5, 2e-2
+
+
+@pytest.fixture(scope="module")
+def cases():
+    run = subprocess.run([sys.executable, os.path.join(HERE, "ep_cases.py")], capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
+    assert lines, f"ep_cases.py printed no results:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+    return json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("case", ["a2a_ep8", "a2a_ep4_data2_gptoss_tail", "a2a_one_hot_expert",
+                                  "ragged_ep8_emulated"])
+def test_forward_and_grads_match_one_device(cases, case):
+    assert cases[case]["fwd"] < F32 and cases[case]["grad"] < F32, cases[case]
+
+
+@pytest.mark.parametrize("case", ["a2a_ep2_data4_bf16", "explicit_mesh_T1"])
+def test_forward_matches_one_device_and_reference(cases, case):
+    tol = BF16 if "bf16" in case else F32
+    assert cases[case]["fwd"] < tol and cases[case]["fwd_vs_f32_reference"] < tol, cases[case]
+
+
+@pytest.mark.parametrize("case", ["a2a_drop", "ragged_drop_emulated"])
+def test_drops_are_exactly_the_rows_past_capacity(cases, case):
+    c = cases[case]
+    assert c["expected_dropped"] > 0, "the case must overflow to test anything"
+    assert c["dropped"] == c["expected_dropped"] and c["rows_computed"] == c["expected_rows"], c
+    assert c["fwd"] < F32, c
+
+
+def test_real_ragged_all_to_all_traces_with_gradients(cases):
+    assert cases["ragged_lowers"]["ragged_ops"] >= 4  # 3 forward + 1 back, and their transposes
+
+
+def test_debug_checks_raise_on_every_device(cases):
+    assert "capacity_factor" in cases["debug_raises"]["drop"]
+    assert "expert ids outside" in cases["debug_raises"]["bad_id"]
+
+
+def test_argument_errors_name_the_fix(cases):
+    assert "divisible" in cases["errors"]["indivisible_experts"]
+    assert "expert_axis='experts'" in cases["errors"]["bad_axis"]
+
+
+def _inputs(T=24, E=8, k=2, H=16, I=8, dtype=jnp.float32, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 5)
+    x = jax.random.normal(ks[0], (T, H)).astype(dtype)
+    idx = jax.lax.top_k(jax.random.normal(ks[1], (T, E)), k)[1]
+    w = jax.random.uniform(ks[2], (T, k))
+    params = {"w_gate_up": (jax.random.normal(ks[3], (E, H, 2 * I)) / 4).astype(dtype),
+              "w_down": (jax.random.normal(ks[4], (E, I, H)) / 3).astype(dtype)}
+    return x, idx, w, params
+
+
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def test_one_device_mesh_equals_no_mesh_with_stats():
+    x, idx, w, params = _inputs()
+    idx = idx.at[0, 0].set(-1)  # out of range: contributes zero, not counted as computed
+    single = moe_pallas.moe_experts(x, idx, w, params, activation="swiglu")
+    mesh = moe_pallas.expert_mesh(devices=jax.devices()[:1])
+    out, stats = jax.jit(partial(moe_pallas.moe_experts, activation="swiglu", mesh=mesh,
+                                 exchange="all_to_all", return_stats=True))(x, idx, w, params)
+    assert _rel(out, single) < F32
+    assert int(stats["dropped_rows"]) == 0 and stats["rows_per_shard"].tolist() == [idx.size - 1]
+    out, stats = moe_pallas.moe_experts(x, idx, w, params, activation="swiglu", return_stats=True)
+    assert _rel(out, single) == 0 and stats["rows_per_shard"].tolist() == [idx.size - 1]
+
+
+def test_capacity_rows():
+    assert capacity_rows("all_to_all", 64, 8, None) == 64
+    assert capacity_rows("all_to_all", 64, 8, 1.25) == 10
+    assert capacity_rows("ragged", 64, 8, None) == 512
+    assert capacity_rows("ragged", 64, 8, 1.25) == 80
+    assert capacity_rows("ragged", 64, 8, 100.0) == 512
+
+
+def test_expert_mesh_and_option_errors():
+    mesh = moe_pallas.expert_mesh()
+    assert mesh.axis_names == ("data", "expert") and mesh.size == len(jax.devices())
+    with pytest.raises(ValueError, match="does not tile"):
+        moe_pallas.expert_mesh(num_expert_shards=len(jax.devices()) + 1)
+    x, idx, w, params = _inputs()
+    call = partial(moe_pallas.moe_experts, x, idx, w, params, activation="swiglu", mesh=mesh)
+    with pytest.raises(ValueError, match="exchange="):
+        call(exchange="nccl")
+    with pytest.raises(ValueError, match="capacity_factor"):
+        call(capacity_factor=0.0)
+    with pytest.raises(TypeError, match="expert_mesh"):
+        moe_pallas.moe_experts(x, idx, w, params, activation="swiglu", mesh="expert")
+
+
+@pytest.mark.gpu
+def test_ragged_exchange_on_two_gpus():
+    if len(jax.devices()) < 2:
+        pytest.skip("needs 2 GPUs")
+    mesh = moe_pallas.expert_mesh(2, devices=jax.devices()[:2])
+    x, idx, w, params = _inputs(T=256, E=16, k=4, H=128, I=64, dtype=jnp.bfloat16, seed=1)
+    single = partial(moe_pallas.moe_experts, activation="swiglu")
+    ragged = partial(single, mesh=mesh, exchange="ragged")
+    assert _rel(jax.jit(ragged)(x, idx, w, params), single(x, idx, w, params)) < BF16
+    loss = lambda fn, x, w, p: jnp.sum(fn(x, idx, w, p).astype(jnp.float32) ** 2)  # noqa: E731
+    g_ep = jax.jit(jax.grad(partial(loss, ragged), argnums=(0, 1, 2)))(x, w, params)
+    g_one = jax.jit(jax.grad(partial(loss, single), argnums=(0, 1, 2)))(x, w, params)
+    for a, b in zip(jax.tree.leaves(g_ep), jax.tree.leaves(g_one)):
+        assert _rel(a, b) < BF16
+    hot = idx.at[:, 0].set(0)  # half of the rows to shard 0: a small buffer overflows, counted
+    out, stats = jax.jit(partial(ragged, capacity_factor=0.5, return_stats=True))(x, hot, w, params)
+    assert int(stats["dropped_rows"]) > 0
+    assert int(stats["rows_per_shard"].sum()) + int(stats["dropped_rows"]) == hot.size
