@@ -79,9 +79,13 @@ class MoEConfig:
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation={self.activation!r}; use one of {ACTIVATIONS}.")
         if self.router not in ROUTER_METHODS:
-            raise ValueError(f"router={self.router!r} is not a router; use one of {ROUTER_METHODS}.")
+            raise ValueError(
+                f"router={self.router!r} is not a router; use one of {ROUTER_METHODS}."
+            )
         if self.implementation not in IMPLEMENTATIONS:
-            raise ValueError(f"implementation={self.implementation!r}; use one of {IMPLEMENTATIONS}.")
+            raise ValueError(
+                f"implementation={self.implementation!r}; use one of {IMPLEMENTATIONS}."
+            )
         if self.shared_intermediate_size < 0:
             raise ValueError(
                 f"shared_intermediate_size={self.shared_intermediate_size} must be >= 0 (0: none)."
@@ -98,9 +102,10 @@ class MoEConfig:
         if not 1 <= topk_group <= n_group:
             raise ValueError(f"topk_group={topk_group} must be in [1, n_group={n_group}].")
         if self.top_k > topk_group * (num_experts // n_group):
+            chosen = topk_group * (num_experts // n_group)
             raise ValueError(
-                f"top_k={self.top_k} exceeds the {topk_group * (num_experts // n_group)} experts of "
-                f"the topk_group={topk_group} chosen groups; raise topk_group."
+                f"top_k={self.top_k} exceeds the {chosen} experts of the "
+                f"topk_group={topk_group} chosen groups; raise topk_group."
             )
 
     def param_specs(self) -> dict[str, tuple[tuple[int, ...], Any, tuple]]:
@@ -142,10 +147,8 @@ def moe_apply(
     sigmoid_group_topk router, "correction_bias". Returns (y like x in compute dtype, aux)."""
     x = jnp.asarray(x)
     if x.ndim < 1 or x.shape[-1] != config.hidden_size:
-        raise ValueError(
-            f"x must be [..., hidden_size={config.hidden_size}], got {list(x.shape)}."
-        )
-    dtype = config.dtype or x.dtype
+        raise ValueError(f"x must be [..., hidden_size={config.hidden_size}], got {list(x.shape)}.")
+    dtype = x.dtype if config.dtype is None else jnp.dtype(config.dtype)
     x2d = x.reshape(-1, config.hidden_size).astype(dtype)
 
     logits = x2d.astype(jnp.float32) @ params["router_kernel"].astype(jnp.float32)
@@ -153,11 +156,11 @@ def moe_apply(
         logits = logits + params["router_bias"].astype(jnp.float32)
     group_kwargs = {}
     if config.router == "sigmoid_group_topk":
-        group_kwargs = dict(
-            n_group=config.n_group or 1,
-            topk_group=config.topk_group or 1,
-            correction_bias=params.get("correction_bias"),
-        )
+        group_kwargs = {
+            "n_group": config.n_group or 1,
+            "topk_group": config.topk_group or 1,
+            "correction_bias": params.get("correction_bias"),
+        }
     topk_idx, topk_weight, aux = route(
         logits,
         config.top_k,
@@ -167,23 +170,39 @@ def moe_apply(
         **group_kwargs,
     )
 
-    experts = {"w_gate_up": params["w_gate_up"].astype(dtype), "w_down": params["w_down"].astype(dtype)}
+    experts = {
+        "w_gate_up": params["w_gate_up"].astype(dtype),
+        "w_down": params["w_down"].astype(dtype),
+    }
     # Biases stay in their parameter dtype: moe_experts adds them in float32.
     experts.update({name: params[name] for name in ("b_gate_up", "b_down") if name in params})
     parallel = {}
     if config.mesh is not None:
-        parallel = dict(mesh=config.mesh, expert_axis=config.expert_axis)
+        parallel = {"mesh": config.mesh, "expert_axis": config.expert_axis}
         parallel.update(
-            {k: getattr(config, k) for k in ("exchange", "capacity_factor") if getattr(config, k) is not None}
+            {
+                k: getattr(config, k)
+                for k in ("exchange", "capacity_factor")
+                if getattr(config, k) is not None
+            }
         )
     y = moe_experts(
-        x2d, topk_idx, topk_weight, experts,
-        activation=config.activation, implementation=config.implementation, **parallel,
+        x2d,
+        topk_idx,
+        topk_weight,
+        experts,
+        activation=config.activation,
+        implementation=config.implementation,
+        **parallel,
     )
     if config.shared_intermediate_size:
-        h = jnp.dot(x2d, params["shared_w_gate_up"].astype(dtype), preferred_element_type=jnp.float32)
+        h = jnp.dot(
+            x2d, params["shared_w_gate_up"].astype(dtype), preferred_element_type=jnp.float32
+        )
         a = glu(*split_gate_up(h, config.activation), config.activation).astype(dtype)
-        shared = jnp.dot(a, params["shared_w_down"].astype(dtype), preferred_element_type=jnp.float32)
+        shared = jnp.dot(
+            a, params["shared_w_down"].astype(dtype), preferred_element_type=jnp.float32
+        )
         y = (y.astype(jnp.float32) + shared).astype(dtype)
 
     aux["aux_loss"] = (
@@ -208,7 +227,8 @@ class MoE(nnx.Module):
       activation: "swiglu" (w_gate_up columns [gate | up]) or "gptoss" (interleaved, clamped GLU).
       router: "softmax_topk" (Mixtral/Qwen3; `renormalize` = norm_topk_prob), "topk_softmax"
         (gpt-oss; use `router_bias=True`), "sigmoid_group_topk" (DeepSeek-V3; `n_group`,
-        `topk_group`, `routed_scaling_factor`, `renormalize`; adds a `RouterCorrectionBias`).
+        `topk_group` (both default 1: no group limit), `routed_scaling_factor`, `renormalize`;
+        adds a `RouterCorrectionBias`).
       router_bias: a trained `[E]` bias on the router logits.
       expert_bias: per-expert biases `b_gate_up [E, 2I]`, `b_down [E, H]`.
       shared_intermediate_size: width of an always-on shared expert (0: none), same activation.
@@ -223,7 +243,7 @@ class MoE(nnx.Module):
 
     Call: `layer(x)` returns y (x's shape, compute dtype); `layer(x, return_aux=True)` returns
     (y, aux) with aux = {"aux_loss", "load_balancing_loss", "z_loss", "expert_counts"}. The same
-    values are sown as `nnx.Intermediate` (collect them with `nnx.capture(model, nnx.Intermediate)`).
+    values are sown as `nnx.Intermediate`: collect them with `nnx.capture(model, nnx.Intermediate)`.
     """
 
     def __init__(
@@ -254,12 +274,27 @@ class MoE(nnx.Module):
         rngs: nnx.Rngs,
     ):
         config = MoEConfig(
-            hidden_size, intermediate_size, num_experts, top_k, activation=activation, router=router,
-            renormalize=renormalize, router_bias=router_bias, n_group=n_group, topk_group=topk_group,
-            routed_scaling_factor=routed_scaling_factor, expert_bias=expert_bias,
-            shared_intermediate_size=shared_intermediate_size, aux_loss_coef=aux_loss_coef,
-            z_loss_coef=z_loss_coef, dtype=dtype, param_dtype=param_dtype,
-            implementation=implementation, mesh=mesh, expert_axis=expert_axis, exchange=exchange,
+            hidden_size,
+            intermediate_size,
+            num_experts,
+            top_k,
+            activation=activation,
+            router=router,
+            renormalize=renormalize,
+            router_bias=router_bias,
+            n_group=n_group,
+            topk_group=topk_group,
+            routed_scaling_factor=routed_scaling_factor,
+            expert_bias=expert_bias,
+            shared_intermediate_size=shared_intermediate_size,
+            aux_loss_coef=aux_loss_coef,
+            z_loss_coef=z_loss_coef,
+            dtype=dtype,
+            param_dtype=param_dtype,
+            implementation=implementation,
+            mesh=mesh,
+            expert_axis=expert_axis,
+            exchange=exchange,
             capacity_factor=capacity_factor,
         )
         self.config = config
@@ -288,4 +323,6 @@ class MoE(nnx.Module):
         under-loaded experts and lower it for over-loaded ones by `rate`. `expert_counts` is the
         "expert_counts" aux of a step. A no-op for routers without a correction bias."""
         if self.config.router == "sigmoid_group_topk":
-            self.correction_bias[...] = corrected_bias(self.correction_bias[...], expert_counts, rate)
+            self.correction_bias[...] = corrected_bias(
+                self.correction_bias[...], expert_counts, rate
+            )

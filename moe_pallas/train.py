@@ -51,15 +51,36 @@ class TrainConfig:
 SIZES = {
     "tiny": TrainConfig(),
     "small": TrainConfig(
-        vocab_size=1024, d_model=512, num_heads=8, num_layers=4, num_experts=32, top_k=4,
-        intermediate_size=512, seq_len=256, batch_size=32, steps=300, learning_rate=1e-3,
+        vocab_size=1024,
+        d_model=512,
+        num_heads=8,
+        num_layers=4,
+        num_experts=32,
+        top_k=4,
+        intermediate_size=512,
+        seq_len=256,
+        batch_size=32,
+        steps=300,
+        learning_rate=1e-3,
         dtype="bfloat16",
     ),
     # One layer of gpt-oss-120b's expert shape (H = I = 2880, E = 128, k = 4), 8192 tokens a step.
     "gptoss": TrainConfig(
-        vocab_size=4096, d_model=2880, num_heads=45, num_layers=1, num_experts=128, top_k=4,
-        intermediate_size=2880, activation="gptoss", router="topk_softmax", expert_bias=True,
-        router_bias=True, seq_len=1024, batch_size=8, steps=100, learning_rate=3e-4,
+        vocab_size=4096,
+        d_model=2880,
+        num_heads=45,
+        num_layers=1,
+        num_experts=128,
+        top_k=4,
+        intermediate_size=2880,
+        activation="gptoss",
+        router="topk_softmax",
+        expert_bias=True,
+        router_bias=True,
+        seq_len=1024,
+        batch_size=8,
+        steps=100,
+        learning_rate=3e-4,
         dtype="bfloat16",
     ),
 }
@@ -76,17 +97,27 @@ class Block(nnx.Module):
         self.attn_out = nnx.Linear(width, width, use_bias=False, dtype=dtype, rngs=rngs)
         self.moe_norm = nnx.RMSNorm(width, dtype=dtype, rngs=rngs)
         self.moe = MoE(
-            width, config.intermediate_size, config.num_experts, config.top_k,
-            activation=config.activation, router=config.router, n_group=config.n_group,
-            topk_group=config.topk_group, expert_bias=config.expert_bias,
-            router_bias=config.router_bias, dtype=dtype, implementation=config.implementation,
+            width,
+            config.intermediate_size,
+            config.num_experts,
+            config.top_k,
+            activation=config.activation,
+            router=config.router,
+            n_group=config.n_group,
+            topk_group=config.topk_group,
+            expert_bias=config.expert_bias,
+            router_bias=config.router_bias,
+            dtype=dtype,
+            implementation=config.implementation,
             rngs=rngs,
         )
 
     def __call__(self, x):
         batch, length, width = x.shape
         q, k, v = jnp.split(self.qkv(self.attn_norm(x)), 3, axis=-1)
-        heads = [a.reshape(batch, length, self.num_heads, width // self.num_heads) for a in (q, k, v)]
+        heads = [
+            a.reshape(batch, length, self.num_heads, width // self.num_heads) for a in (q, k, v)
+        ]
         attn = jax.nn.dot_product_attention(*heads, is_causal=True).reshape(batch, length, width)
         x = x + self.attn_out(attn)
         y, aux = self.moe(self.moe_norm(x), return_aux=True)
@@ -126,7 +157,9 @@ class MarkovData:
 
     def __init__(self, config: TrainConfig):
         self.rng = np.random.default_rng(config.seed)
-        self.successors = self.rng.integers(config.vocab_size, size=(config.vocab_size, config.branching))
+        self.successors = self.rng.integers(
+            config.vocab_size, size=(config.vocab_size, config.branching)
+        )
         self.config = config
 
     def batch(self) -> np.ndarray:
@@ -145,15 +178,24 @@ def train_step(model: MoETransformer, optimizer: nnx.Optimizer, tokens: jax.Arra
 
     def loss_fn(model):
         logits, aux = model(tokens[:, :-1])
-        cross_entropy = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+        cross_entropy = optax.softmax_cross_entropy_with_integer_labels(
+            logits, tokens[:, 1:]
+        ).mean()
         aux_loss = jnp.sum(aux["aux_loss"])
         return cross_entropy + aux_loss, (cross_entropy, aux_loss, aux["expert_counts"])
 
-    (loss, (cross_entropy, aux_loss, counts)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+    (loss, (cross_entropy, aux_loss, counts)), grads = nnx.value_and_grad(loss_fn, has_aux=True)(
+        model
+    )
     optimizer.update(model, grads)
     model.blocks.moe.update_correction_bias(counts)
     imbalance = jnp.max(counts) / jnp.maximum(jnp.mean(counts.astype(jnp.float32)), 1.0)
-    return {"loss": loss, "cross_entropy": cross_entropy, "aux_loss": aux_loss, "max_load": imbalance}
+    return {
+        "loss": loss,
+        "cross_entropy": cross_entropy,
+        "aux_loss": aux_loss,
+        "max_load": imbalance,
+    }
 
 
 def train(
@@ -161,15 +203,23 @@ def train(
 ) -> tuple[MoETransformer, list[dict[str, float]]]:
     """Build the model, run `config.steps` steps; return the trained model and per-step metrics."""
     model = MoETransformer(config, rngs=nnx.Rngs(config.seed))
-    optimizer = nnx.Optimizer(model, optax.adamw(config.learning_rate, weight_decay=0.01), wrt=nnx.Param)
+    optimizer = nnx.Optimizer(
+        model, optax.adamw(config.learning_rate, weight_decay=0.01), wrt=nnx.Param
+    )
     data = MarkovData(config)
     history = []
     bar = tqdm(range(config.steps), desc="train", disable=not progress)
     for _ in bar:
-        metrics = {k: float(v) for k, v in train_step(model, optimizer, jnp.asarray(data.batch())).items()}
+        metrics = {
+            k: float(v) for k, v in train_step(model, optimizer, jnp.asarray(data.batch())).items()
+        }
         history.append(metrics)
-        bar.set_postfix(ce=f"{metrics['cross_entropy']:.3f}", aux=f"{metrics['aux_loss']:.4f}",
-                        max_load=f"{metrics['max_load']:.2f}", refresh=False)
+        bar.set_postfix(
+            ce=f"{metrics['cross_entropy']:.3f}",
+            aux=f"{metrics['aux_loss']:.4f}",
+            max_load=f"{metrics['max_load']:.2f}",
+            refresh=False,
+        )
     return model, history
 
 
@@ -178,19 +228,33 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m moe_pallas train", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    overridable = ("steps", "batch_size", "seq_len", "learning_rate", "router", "dtype",
-                   "implementation", "seed")
+    overridable = (
+        "steps",
+        "batch_size",
+        "seq_len",
+        "learning_rate",
+        "router",
+        "dtype",
+        "implementation",
+        "seed",
+    )
     for name in overridable:
         kind = TrainConfig.__dataclass_fields__[name].type
-        parser.add_argument("--" + name.replace("_", "-"), type=kind, default=None,
-                            help=f"override the size's {name}")
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            type=kind,
+            default=None,
+            help=f"override the size's {name}",
+        )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if k not in ("size", "no_progress") and v is not None}
+    overrides = {
+        k: v for k, v in vars(args).items() if k not in ("size", "no_progress") and v is not None
+    }
     config = dataclasses.replace(SIZES[args.size], **overrides)
     print(f"size={args.size} backend={jax.default_backend()} {config}")
     start = time.perf_counter()

@@ -75,7 +75,7 @@ def _load_gpt_oss(tensors, prefix):
 def _load_per_expert(tensors, prefix):
     found = {}
     for key in tensors:
-        match = _PER_EXPERT.fullmatch(key[len(prefix):]) if key.startswith(prefix) else None
+        match = _PER_EXPERT.fullmatch(key[len(prefix) :]) if key.startswith(prefix) else None
         if match:
             found.setdefault(int(match.group(1)), set()).add(match.group(2))
     if not found:
@@ -96,7 +96,10 @@ def _load_per_expert(tensors, prefix):
     inter, hidden = gate0.shape
     gate_up, down = [], []
     for e in range(num_experts):
-        weight = {p: _get(tensors, f"{prefix}{e}.{p}.weight") for p in ("gate_proj", "up_proj", "down_proj")}
+        weight = {
+            p: _get(tensors, f"{prefix}{e}.{p}.weight")
+            for p in ("gate_proj", "up_proj", "down_proj")
+        }
         _check_shape(f"{prefix}{e}.gate_proj.weight", weight["gate_proj"], (inter, hidden))
         _check_shape(f"{prefix}{e}.up_proj.weight", weight["up_proj"], (inter, hidden))
         _check_shape(f"{prefix}{e}.down_proj.weight", weight["down_proj"], (hidden, inter))
@@ -117,7 +120,9 @@ def load_experts(
             f"tensors must be a mapping of names to arrays, got {type(tensors).__name__}; "
             "e.g. safetensors.numpy.load_file(path)."
         )
-    params = _load_gpt_oss(tensors, prefix) if layout == "gpt_oss" else _load_per_expert(tensors, prefix)
+    params = (
+        _load_gpt_oss(tensors, prefix) if layout == "gpt_oss" else _load_per_expert(tensors, prefix)
+    )
     return {k: v if dtype is None else v.astype(dtype) for k, v in params.items()}
 
 

@@ -18,14 +18,24 @@ from moe_pallas.routing import route
 
 H, I, E = 16, 8, 8
 CONFIGS = {
-    "softmax_topk": dict(top_k=2, router="softmax_topk", renormalize=True),
-    "gpt_oss": dict(
-        top_k=2, router="topk_softmax", router_bias=True, activation="gptoss", expert_bias=True
-    ),
-    "deepseek": dict(
-        top_k=3, router="sigmoid_group_topk", n_group=4, topk_group=2, renormalize=True,
-        routed_scaling_factor=2.5, shared_intermediate_size=4, z_loss_coef=1e-3,
-    ),
+    "softmax_topk": {"top_k": 2, "router": "softmax_topk", "renormalize": True},
+    "gpt_oss": {
+        "top_k": 2,
+        "router": "topk_softmax",
+        "router_bias": True,
+        "activation": "gptoss",
+        "expert_bias": True,
+    },
+    "deepseek": {
+        "top_k": 3,
+        "router": "sigmoid_group_topk",
+        "n_group": 4,
+        "topk_group": 2,
+        "renormalize": True,
+        "routed_scaling_factor": 2.5,
+        "shared_intermediate_size": 4,
+        "z_loss_coef": 1e-3,
+    },
 }
 
 
@@ -60,20 +70,37 @@ def reference(config, params, x):
     logits = jnp.dot(x2d, params["router_kernel"], precision=hi) + params.get("router_bias", 0.0)
     kwargs = {}
     if config.router == "sigmoid_group_topk":
-        kwargs = dict(n_group=config.n_group, topk_group=config.topk_group,
-                      correction_bias=params["correction_bias"])
+        kwargs = {
+            "n_group": config.n_group,
+            "topk_group": config.topk_group,
+            "correction_bias": params["correction_bias"],
+        }
     idx, weight, aux = route(
-        logits, config.top_k, method=config.router, renormalize=config.renormalize,
-        routed_scaling_factor=config.routed_scaling_factor, **kwargs,
+        logits,
+        config.top_k,
+        method=config.router,
+        renormalize=config.renormalize,
+        routed_scaling_factor=config.routed_scaling_factor,
+        **kwargs,
     )
     experts = {k: params[k] for k in ("w_gate_up", "w_down", "b_gate_up", "b_down") if k in params}
     y = moe_experts_reference(x2d, idx, weight, experts, activation=config.activation)
     if config.shared_intermediate_size:
-        expert = {"w_gate_up": params["shared_w_gate_up"][None], "w_down": params["shared_w_down"][None]}
+        expert = {
+            "w_gate_up": params["shared_w_gate_up"][None],
+            "w_down": params["shared_w_down"][None],
+        }
         rows = x2d.shape[0]
-        y = y + moe_experts_reference(x2d, jnp.zeros((rows, 1), jnp.int32), jnp.ones((rows, 1)),
-                                      expert, activation=config.activation)
-    aux_loss = config.aux_loss_coef * aux["load_balancing_loss"] + config.z_loss_coef * aux["z_loss"]
+        y = y + moe_experts_reference(
+            x2d,
+            jnp.zeros((rows, 1), jnp.int32),
+            jnp.ones((rows, 1)),
+            expert,
+            activation=config.activation,
+        )
+    aux_loss = (
+        config.aux_loss_coef * aux["load_balancing_loss"] + config.z_loss_coef * aux["z_loss"]
+    )
     return y.reshape(x.shape), aux_loss, aux["expert_counts"]
 
 
@@ -90,9 +117,13 @@ def test_forward_matches_reference(name):
     assert int(aux["expert_counts"].sum()) == 15 * layer.config.top_k
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_grads_match_reference(name):
-    layer = make_layer(name, seed=2)
+@pytest.mark.parametrize(
+    "name, implementation",
+    [(name, "xla") for name in sorted(CONFIGS)] + [("gpt_oss", "pallas_triton")],
+)
+def test_grads_match_reference(name, implementation):
+    """Also runs the fused Pallas backend (interpret mode off GPU) inside the layer."""
+    layer = make_layer(name, seed=2, implementation=implementation)
     x = jax.random.normal(jax.random.key(3), (9, H))
     cotangent = jax.random.normal(jax.random.key(4), (9, H))
 
@@ -107,6 +138,11 @@ def test_grads_match_reference(name):
     grads, dx = nnx.jit(nnx.grad(loss, argnums=(0, 1)))(layer, x)
     params = layer.params_dict()
     grads_ref, dx_ref = jax.jit(jax.grad(loss_ref, argnums=(0, 1)))(params, x)
+    assert rel_err(forward(layer, x)[0], reference(layer.config, params, x)[0]) < 1e-5
+    graphdef, state, rest = nnx.split(layer, nnx.Param, ...)
+    grads_jax = jax.jit(jax.grad(lambda state: loss(nnx.merge(graphdef, state, rest), x)))(state)
+    for key, value in nnx.to_pure_dict(grads_jax).items():
+        assert rel_err(value, grads_ref[key]) < 1e-4, key
     grads = nnx.to_pure_dict(grads)
     assert set(grads) == set(params) - {"correction_bias"}
     for key, value in grads.items():
@@ -122,6 +158,13 @@ def test_bfloat16_compute_dtype():
     assert y.dtype == jnp.bfloat16 and layer.w_gate_up.dtype == jnp.float32
     y_ref, _, _ = reference(layer.config, layer.params_dict(), x)
     assert rel_err(y, y_ref) < 3e-2
+
+
+def test_no_tokens():
+    layer = make_layer("deepseek")
+    y, aux = layer(jnp.zeros((2, 0, H), jnp.bfloat16), return_aux=True)
+    assert y.shape == (2, 0, H) and y.dtype == jnp.bfloat16
+    assert int(aux["expert_counts"].sum()) == 0 and float(aux["aux_loss"]) == 0.0
 
 
 def test_single_token_and_hot_expert():
@@ -180,7 +223,7 @@ def test_scan_over_stacked_layers():
     graphdef, state = nnx.split(stacked)
     h = x
     for i in range(num_layers):
-        single = nnx.merge(graphdef, jax.tree.map(lambda a: a[i], state))
+        single = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
         y, aux = single(h, return_aux=True)
         h = h + y
         np.testing.assert_allclose(aux_losses[i], aux["aux_loss"], rtol=1e-5)
@@ -240,7 +283,10 @@ def test_mesh_fields_are_forwarded_only_with_a_mesh(monkeypatch):
     MoE(H, I, E, 2, mesh=mesh, expert_axis="ep", capacity_factor=1.5, rngs=nnx.Rngs(0))(x)
     assert seen[0] == {"activation": "swiglu", "implementation": "auto"}
     assert seen[1] == {
-        "activation": "swiglu", "implementation": "auto", "mesh": mesh, "expert_axis": "ep",
+        "activation": "swiglu",
+        "implementation": "auto",
+        "mesh": mesh,
+        "expert_axis": "ep",
         "capacity_factor": 1.5,
     }
 
@@ -248,15 +294,24 @@ def test_mesh_fields_are_forwarded_only_with_a_mesh(monkeypatch):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(top_k=9), "top_k=9 exceeds num_experts=8"),
-        (dict(top_k=2, router="sigmoid_group_topk", n_group=3, topk_group=1), "n_group=3 must divide"),
-        (dict(top_k=2, router="sigmoid_group_topk", n_group=4, topk_group=5), "topk_group=5"),
-        (dict(top_k=6, router="sigmoid_group_topk", n_group=4, topk_group=2), "raise topk_group"),
-        (dict(top_k=2, router="switch"), "router='switch' is not a router"),
-        (dict(top_k=2, n_group=2, topk_group=1), "only apply to router='sigmoid_group_topk'"),
-        (dict(top_k=2, activation="relu"), "activation='relu'"),
-        (dict(top_k=2, implementation="cuda"), "implementation='cuda'"),
-        (dict(top_k=0), "top_k=0 must be a positive int"),
+        ({"top_k": 9}, "top_k=9 exceeds num_experts=8"),
+        (
+            {"top_k": 2, "router": "sigmoid_group_topk", "n_group": 3, "topk_group": 1},
+            "n_group=3 must divide",
+        ),
+        (
+            {"top_k": 2, "router": "sigmoid_group_topk", "n_group": 4, "topk_group": 5},
+            "topk_group=5",
+        ),
+        (
+            {"top_k": 6, "router": "sigmoid_group_topk", "n_group": 4, "topk_group": 2},
+            "raise topk_group",
+        ),
+        ({"top_k": 2, "router": "switch"}, "router='switch' is not a router"),
+        ({"top_k": 2, "n_group": 2, "topk_group": 1}, "only apply to router='sigmoid_group_topk'"),
+        ({"top_k": 2, "activation": "relu"}, "activation='relu'"),
+        ({"top_k": 2, "implementation": "cuda"}, "implementation='cuda'"),
+        ({"top_k": 0}, "top_k=0 must be a positive int"),
     ],
 )
 def test_bad_configs_raise(kwargs, match):
@@ -285,9 +340,7 @@ def test_linen_matches_nnx(name):
         getattr(layer, key)[...] = value
     y_nnx, aux = layer(x, return_aux=True)
     assert rel_err(y, y_nnx) < 1e-6
-    np.testing.assert_array_equal(
-        state["intermediates"]["expert_counts"][0], aux["expert_counts"]
-    )
+    np.testing.assert_array_equal(state["intermediates"]["expert_counts"][0], aux["expert_counts"])
     if name == "deepseek":
         counts = jnp.arange(E)
         _, updated = module.apply(

@@ -29,8 +29,13 @@ def test_tiny_training_loss_drops():
 @pytest.mark.parametrize(
     "overrides",
     [
-        dict(activation="gptoss", router="topk_softmax", router_bias=True, expert_bias=True),
-        dict(router="sigmoid_group_topk", n_group=4, topk_group=2, num_layers=3),
+        {
+            "activation": "gptoss",
+            "router": "topk_softmax",
+            "router_bias": True,
+            "expert_bias": True,
+        },
+        {"router": "sigmoid_group_topk", "n_group": 4, "topk_group": 2, "num_layers": 3},
     ],
     ids=["gpt_oss", "deepseek"],
 )
@@ -62,7 +67,10 @@ def test_gpu_sizes_build(size):
     model = nnx.eval_shape(lambda: train_mod.MoETransformer(config, rngs=nnx.Rngs(0)))
     w_gate_up = model.blocks.moe.w_gate_up
     assert w_gate_up.shape == (
-        config.num_layers, config.num_experts, config.d_model, 2 * config.intermediate_size
+        config.num_layers,
+        config.num_experts,
+        config.d_model,
+        2 * config.intermediate_size,
     )
     assert config.d_model % config.num_heads == 0
     spec = nnx.get_partition_spec(nnx.state(model))["blocks"]["moe"]["w_gate_up"].get_value()

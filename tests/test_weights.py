@@ -1,7 +1,6 @@
 """Weight import: real safetensors files in the gpt-oss and per-expert layouts, read back, converted
 by load_experts, checked against the checkpoint's own expert formula, and put into a MoE layer."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -62,10 +61,15 @@ def swiglu_expert(t, e, x):
 
 def checkpoint_moe(expert_fn, tensors, x, idx, weight):
     tensors = {k: np.asarray(v, np.float64) for k, v in tensors.items()}
-    return np.stack([
-        sum(weight[t, j] * expert_fn(tensors, idx[t, j], x[t].astype(np.float64)) for j in range(K))
-        for t in range(T)
-    ])
+    return np.stack(
+        [
+            sum(
+                weight[t, j] * expert_fn(tensors, idx[t, j], x[t].astype(np.float64))
+                for j in range(K)
+            )
+            for t in range(T)
+        ]
+    )
 
 
 def test_gpt_oss_round_trip(tmp_path):
@@ -101,8 +105,17 @@ def test_bfloat16_file_into_layer(tmp_path):
     safetensors.flax.save_file(tensors, str(path))
     params = load_experts(safetensors.flax.load_file(str(path)), "gpt_oss")
     assert params["w_down"].dtype == jnp.bfloat16
-    layer = MoE(H, I, E, K, activation="gptoss", expert_bias=True, router="topk_softmax",
-                router_bias=True, rngs=nnx.Rngs(0))
+    layer = MoE(
+        H,
+        I,
+        E,
+        K,
+        activation="gptoss",
+        expert_bias=True,
+        router="topk_softmax",
+        router_bias=True,
+        rngs=nnx.Rngs(0),
+    )
     set_expert_params(layer, params)
     assert layer.w_gate_up.dtype == jnp.float32
     for name, value in params.items():
@@ -111,7 +124,9 @@ def test_bfloat16_file_into_layer(tmp_path):
 
 
 def test_dtype_cast():
-    params = load_experts(per_expert_tensors(np.random.default_rng(6)), "per_expert", dtype=jnp.bfloat16)
+    params = load_experts(
+        per_expert_tensors(np.random.default_rng(6)), "per_expert", dtype=jnp.bfloat16
+    )
     assert all(v.dtype == jnp.bfloat16 for v in params.values())
 
 
@@ -119,8 +134,11 @@ def test_dtype_cast():
     "mutate, layout, match",
     [
         (lambda t: t.pop("2.up_proj.weight"), "per_expert", r"missing 2\.up_proj\.weight"),
-        (lambda t: t.update({"1.down_proj.weight": np.zeros((H, I + 1))}), "per_expert",
-         r"1\.down_proj\.weight must have shape \[8, 6\]"),
+        (
+            lambda t: t.update({"1.down_proj.weight": np.zeros((H, I + 1))}),
+            "per_expert",
+            r"1\.down_proj\.weight must have shape \[8, 6\]",
+        ),
         (lambda t: None, "mixtral", "layout='mixtral'"),
     ],
 )
