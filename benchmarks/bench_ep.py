@@ -1,0 +1,199 @@
+"""Expert parallelism benchmark: 1 device (all E experts) vs 2 devices (E/2 each), weak scaling.
+
+    PYTHONPATH=. python3 benchmarks/bench_ep.py --out DIR [--small] [--tokens 2048,8192]
+        [--exchange auto|ragged|all_to_all] [--capacity-factor F] [--implementation auto]
+
+Workload B (SwiGLU, H=4096, I=2048, E=256, k=8, bf16), random routing (top-k of normal logits).
+For each T per device: the 1-device layer on T tokens, the 2-device layer on 2T tokens (each
+device T tokens and E/2 experts), and the exchange round trip alone (sort, dispatch, return and
+combine with identity experts). Weak-scaling efficiency = time(1 device, T) / time(2 devices, T
+per device); the target is >= 0.85. Forward, then forward+backward while the time budget lasts.
+First a correctness check: the 2-device layer (forward and gradients) against the 1-device one.
+Timing: warm-up, then the median of blocking calls. Writes DIR/ep_<date>.json after every step.
+`--small`: tiny shapes on 2 simulated CPU devices (all_to_all exchange), to test this script.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+SWIGLU_B = {"hidden": 4096, "inter": 2048, "experts": 256, "top_k": 8}
+SMALL = {"hidden": 64, "inter": 32, "experts": 16, "top_k": 4}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True, help="directory for ep_<date>.json")
+    p.add_argument("--small", action="store_true", help="tiny shapes on 2 simulated CPU devices")
+    p.add_argument("--tokens", default=None, help="T per device, comma separated (default 2048,8192)")
+    p.add_argument("--exchange", default="auto", choices=("auto", "ragged", "all_to_all"))
+    p.add_argument("--capacity-factor", type=float, default=None, help="default: never drop")
+    p.add_argument("--implementation", default="auto")
+    p.add_argument("--budget-s", type=float, default=330.0, help="skip steps past this wall time")
+    return p.parse_args(argv)
+
+
+ARGS = parse_args()
+if ARGS.small:  # before jax is imported
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import moe_pallas  # noqa: E402
+from moe_pallas import parallel  # noqa: E402
+
+START = time.perf_counter()
+
+
+def elapsed() -> float:
+    return time.perf_counter() - START
+
+
+def make_inputs(tokens, shape, dtype, seed=0):
+    h, i, e, k = (shape[n] for n in ("hidden", "inter", "experts", "top_k"))
+    ks = jax.random.split(jax.random.key(seed), 5)
+    x = jax.random.normal(ks[0], (tokens, h), dtype)
+    idx = jax.lax.top_k(jax.random.normal(ks[1], (tokens, e)), k)[1]
+    w = jax.nn.softmax(jax.random.normal(ks[2], (tokens, k)), axis=-1)
+    params = {"w_gate_up": (jax.random.normal(ks[3], (e, h, 2 * i), dtype) / h**0.5).astype(dtype),
+              "w_down": (jax.random.normal(ks[4], (e, i, h), dtype) / i**0.5).astype(dtype)}
+    return x, idx, w, params
+
+
+def place(mesh, x, idx, w, params):
+    """Tokens over every mesh axis, experts over "expert"."""
+    tok = NamedSharding(mesh, P(tuple(mesh.axis_names)))
+    exp = NamedSharding(mesh, P("expert"))
+    return (jax.device_put(x, tok), jax.device_put(idx, tok), jax.device_put(w, tok),
+            jax.tree.map(lambda p: jax.device_put(p, exp), params))
+
+
+def median_ms(fn, args, warmup=2, iters=10) -> float:
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def layer_fns(activation, implementation, mesh=None, **ep):
+    fwd = jax.jit(partial(moe_pallas.moe_experts, activation=activation, implementation=implementation,
+                          mesh=mesh, **ep))
+
+    def loss(x, idx, w, params):
+        return jnp.sum(fwd(x, idx, w, params).astype(jnp.float32) ** 2)
+
+    train = jax.jit(jax.grad(loss, argnums=(0, 2, 3)))
+    return fwd, train
+
+
+def exchange_round_trip(mesh, exchange, tokens_per_device, top_k, experts, capacity):
+    """The EP path with identity experts: sort, dispatch, return, combine."""
+    shards = mesh.shape["expert"]
+    axes = tuple(mesh.axis_names)
+
+    def body(x, idx, w):
+        plan = parallel._plan(idx, experts // shards, shards)
+        trip = parallel._ROUND_TRIPS[exchange](x, w, plan, lambda xr, _e, _w: xr, "expert",
+                                               experts // shards, capacity)
+        return jnp.sum(trip.y_pair.astype(jnp.float32).reshape(*idx.shape, -1), 1).astype(x.dtype)
+
+    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(axes),) * 3, out_specs=P(axes)))
+
+
+def rel(a, b) -> float:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def main():
+    devices = jax.devices()
+    if len(devices) < 2:
+        sys.exit(f"needs 2 devices, found {devices}")
+    shape = SMALL if ARGS.small else SWIGLU_B
+    dtype = jnp.bfloat16
+    tokens = [int(t) for t in (ARGS.tokens or ("32,64" if ARGS.small else "2048,8192")).split(",")]
+    one = devices[0]
+    mesh = moe_pallas.expert_mesh(2, devices=devices[:2])
+    exchange = parallel.resolve_exchange(ARGS.exchange, mesh)
+    ep = {"exchange": exchange, "capacity_factor": ARGS.capacity_factor}
+    ARGS.out.mkdir(parents=True, exist_ok=True)
+    path = ARGS.out / f"ep_{datetime.date.today():%Y%m%d}.json"
+    result = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+              "device": str(one.device_kind), "jax": jax.__version__, "shape": shape,
+              "dtype": "bfloat16", "exchange": exchange, "capacity_factor": ARGS.capacity_factor,
+              "implementation": ARGS.implementation, "correctness": {}, "rows": []}
+
+    def save():
+        path.write_text(json.dumps(result, indent=1))
+
+    # Correctness: 2-device layer vs 1-device layer on a small case (forward and gradients).
+    small = {**shape, "hidden": min(shape["hidden"], 256), "inter": min(shape["inter"], 128),
+             "experts": 16}
+    x, idx, w, params = make_inputs(256, small, dtype, seed=1)
+    fwd1, train1 = layer_fns("swiglu", ARGS.implementation)
+    fwd2, train2 = layer_fns("swiglu", ARGS.implementation, mesh, **ep)
+    args1 = jax.device_put((x, idx, w, params), one)
+    args2 = place(mesh, x, idx, w, params)
+    g1, g2 = train1(*args1), train2(*args2)
+    result["correctness"] = {
+        "fwd_rel_err": rel(fwd2(*args2), fwd1(*args1)),
+        "grad_rel_err": max(rel(a, b) for a, b in zip(jax.tree.leaves(g2), jax.tree.leaves(g1))),
+    }
+    save()
+    print(f"correctness (2 devices vs 1, bf16): {result['correctness']}", flush=True)
+
+    for mode in ("fwd", "fwd+bwd"):
+        for t in tokens:
+            if elapsed() > ARGS.budget_s:
+                print(f"skipping {mode} T={t}: past the {ARGS.budget_s:.0f} s budget", flush=True)
+                continue
+            x, idx, w, params = make_inputs(2 * t, shape, dtype, seed=t)
+            row = {"mode": mode, "tokens_per_device": t}
+            fwd1, train1 = layer_fns("swiglu", ARGS.implementation)
+            fwd2, train2 = layer_fns("swiglu", ARGS.implementation, mesh, **ep)
+            f1, f2 = (fwd1, fwd2) if mode == "fwd" else (train1, train2)
+            args1 = jax.device_put((x[:t], idx[:t], w[:t], params), one)
+            row["ms_1dev"] = median_ms(f1, args1)
+            del args1
+            args2 = place(mesh, x, idx, w, params)
+            row["ms_2dev"] = median_ms(f2, args2)
+            row["efficiency"] = row["ms_1dev"] / row["ms_2dev"]
+            if mode == "fwd":
+                stats = jax.jit(partial(moe_pallas.moe_experts, activation="swiglu", mesh=mesh,
+                                        implementation=ARGS.implementation, return_stats=True,
+                                        **ep))(*args2)[1]
+                row["dropped_rows"] = int(stats["dropped_rows"])
+                row["rows_per_shard"] = stats["rows_per_shard"].tolist()
+                capacity = parallel.capacity_rows(exchange, t * shape["top_k"], 2, ARGS.capacity_factor)
+                trip = exchange_round_trip(mesh, exchange, t, shape["top_k"], shape["experts"], capacity)
+                row["ms_exchange"] = median_ms(trip, args2[:3])
+            del args2
+            result["rows"].append(row)
+            save()
+            print(json.dumps(row), flush=True)
+
+    print(f"\n{'mode':8} {'T/dev':>6} {'1 dev ms':>9} {'2 dev ms':>9} {'eff':>6} {'exch ms':>8} dropped")
+    for r in result["rows"]:
+        print(f"{r['mode']:8} {r['tokens_per_device']:>6} {r['ms_1dev']:>9.3f} {r['ms_2dev']:>9.3f} "
+              f"{r['efficiency']:>6.2f} {r.get('ms_exchange', float('nan')):>8.3f} "
+              f"{r.get('dropped_rows', '')}")
+    print(f"wrote {path} in {elapsed():.0f} s")
+
+
+if __name__ == "__main__":
+    main()
