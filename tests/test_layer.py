@@ -1,6 +1,12 @@
 """MoE layer (NNX and Linen): output and gradients against route + the float32 reference oracle,
 transforms (jit, grad, remat, scan over layers), sown aux values, annotations and config errors."""
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -289,6 +295,67 @@ def test_mesh_fields_are_forwarded_only_with_a_mesh(monkeypatch):
         "expert_axis": "ep",
         "capacity_factor": 1.5,
     }
+
+
+EXPERT_PARALLEL_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import jax, jax.numpy as jnp, numpy as np
+    from flax import nnx
+    import moe_pallas
+
+    mesh = moe_pallas.expert_mesh(2)  # ("data", "expert") = (2, 2) CPU devices
+    kw = dict(router="topk_softmax", router_bias=True, activation="gptoss", expert_bias=True)
+    with jax.set_mesh(mesh):
+        ep = moe_pallas.MoE(16, 8, 8, 2, mesh=mesh, exchange="all_to_all", capacity_factor=8.0,
+                            rngs=nnx.Rngs(0), **kw)
+    one = moe_pallas.MoE(16, 8, 8, 2, rngs=nnx.Rngs(0), **kw)
+    x = jax.random.normal(jax.random.key(1), (8, 16))
+
+    def loss(m, x):
+        y, aux = m(x, return_aux=True)
+        return jnp.sum(y * jnp.cos(x)) + aux["aux_loss"], y
+
+    step = nnx.jit(nnx.value_and_grad(loss, has_aux=True))
+    (_, y_ep), g_ep = step(ep, x)
+    (_, y_one), g_one = step(one, x)
+    rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))
+    g_ep, g_one = nnx.to_pure_dict(g_ep), nnx.to_pure_dict(g_one)
+    print(json.dumps({
+        "sharded": ep.w_gate_up[...].sharding.is_equivalent_to(
+            jax.NamedSharding(mesh, jax.P("expert", None, None)), 3),
+        "y": rel(np.asarray(y_ep), np.asarray(y_one)),
+        "grads": {k: rel(np.asarray(g_ep[k]), np.asarray(g_one[k])) for k in g_one},
+    }))
+    """
+)
+
+
+def test_expert_parallel_layer_equals_one_device():
+    """4 CPU devices (a fresh process): params sharded on "expert" at creation under the mesh,
+    output and gradients equal to the same layer without a mesh."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    run = subprocess.run(
+        [sys.executable, "-c", EXPERT_PARALLEL_SCRIPT],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["sharded"]
+    assert result["y"] < 1e-6
+    assert set(result["grads"]) == {
+        "router_kernel",
+        "router_bias",
+        "w_gate_up",
+        "w_down",
+        "b_gate_up",
+        "b_down",
+    }
+    assert max(result["grads"].values()) < 1e-5, result["grads"]
 
 
 @pytest.mark.parametrize(
