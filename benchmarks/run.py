@@ -15,6 +15,7 @@ import csv
 import dataclasses
 import datetime
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -97,7 +98,9 @@ def _rel_err(out, ref) -> float | None:
     return float(jnp.linalg.norm(out - ref) / jnp.maximum(jnp.linalg.norm(ref), 1e-30))
 
 
-def run_case(case, impl_names, params, device, budget_s, pbar=None) -> list[dict]:
+def run_case(case, impl_names, params, device, budget_s, pbar=None, skip=None) -> list[dict]:
+    """Time `impl_names` on `case`; `skip` maps impl names to a reason not to run them here."""
+    skip = skip or {}
     inputs = _inputs(case, params)
     hit = _cases.hit_experts(inputs["topk_idx"], case.workload.experts)
     cost = _cost(case, hit)
@@ -111,6 +114,8 @@ def run_case(case, impl_names, params, device, budget_s, pbar=None) -> list[dict
     for name in impl_names:
         row = {**base, "impl": name, "status": "ok", "message": ""}
         try:
+            if name in skip:
+                raise _impls.Skip(skip[name])
             prep = _impls.IMPLS[name](case, inputs)
             seconds, samples, out = measure(prep, budget_s)
             comparable = prep.output(out)
@@ -138,6 +143,9 @@ def run_case(case, impl_names, params, device, budget_s, pbar=None) -> list[dict
 
 
 def _git_commit() -> str:
+    """HEAD (+ "-dirty"); BENCH_COMMIT overrides it where the tree was copied without .git."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     root = Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
@@ -175,8 +183,9 @@ def summarize(rows: list[dict]) -> list[dict]:
 
 
 def markdown(rows: list[dict], summary: list[dict], meta: dict) -> str:
+    commit = meta["commit"].split()[0][:12] + ("-dirty" if "dirty" in meta["commit"] or "+" in meta["commit"] else "")
     lines = [
-        f"Device: {meta['device']} · jax {meta['versions']['jax']} · commit {meta['commit'][:12]} · "
+        f"Device: {meta['device']} · jax {meta['versions']['jax']} · commit {commit} · "
         f"{meta['date']} · SOL ceilings: {meta['ceilings']}",
         "",
         "| suite | implementation | cases ok | mean ms | SOL mean ms | % SOL |",
@@ -226,6 +235,11 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--device", choices=tuple(_sol.DEVICES), help="datasheet entry (default: detect)")
     parser.add_argument("--budget", type=float, default=0.3, help="seconds of timed samples per measurement")
     parser.add_argument("--tokens", help="only cases with these token counts, e.g. 1,2048")
+    parser.add_argument("--full-peers", action="store_true",
+                        help="time jax.lax.ragged_dot on every suite case (default: the first only; "
+                             "its dense fallback compiles for ~20 s and runs ~0.1-0.3 s per case)")
+    parser.add_argument("--time-limit", type=float, default=None,
+                        help="seconds; cases not started by then are recorded as skipped")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
 
@@ -256,14 +270,22 @@ def main(argv: list[str] | None = None) -> Path:
     slug = jax.devices()[0].device_kind.lower().replace(" ", "-")
     out_dir = args.out or RESULTS / f"{now:%Y-%m-%d}_{slug}{'_small' if args.small else ''}"
 
-    rows, params, params_of = [], None, None
+    rows, params, params_of, start = [], None, None, time.monotonic()
+    first_of_suite = {}
+    for case in case_list:
+        first_of_suite.setdefault(case.suite, case)
     with tqdm(total=len(case_list) * len(impl_names), desc="bench", unit="run", file=sys.stderr) as pbar:
         for case in case_list:
+            skip = {}
+            if not args.full_peers and case.suite in _cases.SUITE_TOKENS and first_of_suite[case.suite] != case:
+                skip["jax.lax.ragged_dot"] = "slow peer: timed on the suite's first case only (--full-peers)"
+            if args.time_limit is not None and time.monotonic() - start > args.time_limit:
+                skip = dict.fromkeys(impl_names, f"--time-limit {args.time_limit:.0f} s reached")
             if params_of != case.workload:
                 params = None  # free the previous workload's weights first
                 params = _cases.make_params(case.workload)
                 params_of = case.workload
-            rows += run_case(case, impl_names, params, device, args.budget, pbar)
+            rows += run_case(case, impl_names, params, device, args.budget, pbar, skip)
             write(out_dir, rows, meta, plots=False)  # partial results survive an interrupted run
     meta["versions"] = _versions()
     meta["wall_s"] = (datetime.datetime.now(datetime.UTC) - now).total_seconds()

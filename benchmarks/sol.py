@@ -8,7 +8,8 @@ Expert layer, forward (T tokens, top-k, hidden H, intermediate I, `hit` experts 
 Forward + backward ("train"): FLOPs ×3 (dX and dW per matmul); the weights are read twice (forward,
 dX) and the weight gradients written once, so weight bytes ×3; activations x, out, dout, dx.
 Grouped matmul `[M, K] @ W[g]: [K, N]` (gmm): FLOPs 2·M·K·N, bytes hit·K·N + M·K + M·N.
-Transposed grouped matmul (tgmm, dW[g] = lhs[g]ᵀ @ rhs[g]): FLOPs 2·M·K·N, bytes M·K + M·N + G·K·N.
+Transposed grouped matmul (tgmm, dW[g] = lhs[g]ᵀ @ rhs[g]): FLOPs 2·M·K·N, bytes M·K + M·N + G·K·N
+(dW written in the weights' dtype).
 Bytes ignore routing metadata (a few bytes per row) and assume each weight is read once.
 """
 
@@ -66,7 +67,7 @@ def gmm_cost(m: int, k: int, n: int, hit: int, *, itemsize: int = 2) -> Cost:
     return Cost(2.0 * m * k * n, (hit * k * n + m * k + m * n) * itemsize)
 
 
-def tgmm_cost(m: int, k: int, n: int, groups: int, *, itemsize: int = 2, out_itemsize: int = 4) -> Cost:
+def tgmm_cost(m: int, k: int, n: int, groups: int, *, itemsize: int = 2, out_itemsize: int = 2) -> Cost:
     return Cost(2.0 * m * k * n, (m * k + m * n) * itemsize + groups * k * n * out_itemsize)
 
 
