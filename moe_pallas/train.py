@@ -20,7 +20,9 @@ import optax
 from flax import nnx
 from tqdm import tqdm
 
+from moe_pallas.experts import IMPLEMENTATIONS
 from moe_pallas.layer import MoE
+from moe_pallas.routing import ROUTER_METHODS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,21 +230,16 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m moe_pallas train", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
-    overridable = (
-        "steps",
-        "batch_size",
-        "seq_len",
-        "learning_rate",
-        "router",
-        "dtype",
-        "implementation",
-        "seed",
-    )
-    for name in overridable:
-        kind = TrainConfig.__dataclass_fields__[name].type
+    choices = {
+        "router": ROUTER_METHODS,
+        "dtype": ("float32", "bfloat16"),
+        "implementation": IMPLEMENTATIONS,
+    }
+    for name in ("steps", "batch_size", "seq_len", "learning_rate", *choices, "seed"):
         parser.add_argument(
             "--" + name.replace("_", "-"),
-            type=kind,
+            type=TrainConfig.__dataclass_fields__[name].type,
+            choices=choices.get(name),
             default=None,
             help=f"override the size's {name}",
         )
