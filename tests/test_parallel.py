@@ -2,11 +2,13 @@
 
 The 8-device cases run once, in a subprocess (tests/ep_cases.py) that sets
 --xla_force_host_platform_device_count=8 before importing jax; each test below checks one case.
-Tests in this process use the one-device mesh, argument errors and the 2-GPU ragged path.
+Tests in this process use the one-device mesh, argument errors and the 2-GPU ragged path;
+the multi-host example runs as 2 processes x 2 CPU devices.
 """
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from functools import partial
@@ -135,3 +137,21 @@ def test_ragged_exchange_on_two_gpus():
     out, stats = jax.jit(partial(ragged, capacity_factor=0.5, return_stats=True))(x, hot, w, params)
     assert int(stats["dropped_rows"]) > 0
     assert int(stats["rows_per_shard"].sum()) + int(stats["dropped_rows"]) == hot.size
+
+
+def test_two_processes_run_the_multihost_example():
+    """examples/multihost_ep.py as 2 processes x 2 CPU devices (gloo), experts over processes."""
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    script = os.path.join(HERE, "..", "examples", "multihost_ep.py")
+    env = {**os.environ, "PYTHONPATH": os.path.join(HERE, "..")}
+    procs = [subprocess.Popen([sys.executable, script, "--cpu-devices", "2", "--coordinator",
+                               f"localhost:{port}", "--num-processes", "2", "--process-id", str(i),
+                               "--tokens", "64", "--exchange", "all_to_all"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for i in range(2)]
+    outputs = [p.communicate(timeout=300) for p in procs]
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, err[-3000:]
+        assert "dropped_rows=0" in out and "vs one device" in out, out
