@@ -44,14 +44,14 @@ if ARGS.small:  # before jax is imported
     os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import moe_pallas  # noqa: E402
-from moe_pallas import parallel  # noqa: E402
+import moe_pallas
+from moe_pallas import parallel
 
 START = time.perf_counter()
 

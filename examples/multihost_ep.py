@@ -38,14 +38,14 @@ if ARGS.cpu_devices:  # before jax is imported
     os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ARGS.cpu_devices}"
     os.environ["JAX_PLATFORMS"] = "cpu"
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.experimental import multihost_utils  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
-import moe_pallas  # noqa: E402
+import moe_pallas
 
 H, I, E, K = 256, 128, 32, 4
 

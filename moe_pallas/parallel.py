@@ -105,6 +105,12 @@ class _RoundTrip(NamedTuple):
     received: jax.Array  # [] rows this device computed
 
 
+def _meta(local_expert, weight):
+    """Local expert ids and routing weights as one float32 [R, 2] array: one collective, not two
+    (ids < 2^24 are exact in float32)."""
+    return jnp.stack([local_expert.astype(jnp.float32), weight.astype(jnp.float32)], axis=-1)
+
+
 def _all_to_all_round_trip(x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity):
     """Fixed slots: slot (d, c) of the [S*C] send buffer carries sorted row start[d] + c."""
     num_shards, top_k = plan.counts.shape[0], weight.shape[1]
@@ -114,13 +120,12 @@ def _all_to_all_round_trip(x, weight, plan: _Plan, apply: ApplyFn, axis, experts
     pair = plan.order[sorted_row]
     shard = jnp.arange(num_shards, dtype=jnp.int32)[:, None]
     local = jnp.where(filled, plan.sorted_expert[sorted_row] - shard * experts_per_shard, experts_per_shard)
-    send = (
-        jnp.where(filled[..., None], x[pair // top_k], 0).reshape(num_shards * capacity, -1),
-        local.reshape(-1),
-        jnp.where(filled, weight.reshape(-1)[pair], 0).reshape(-1),
-    )
-    x_recv, local_recv, w_recv = (jax.lax.all_to_all(a, axis, 0, 0, tiled=True) for a in send)
-    y_back = jax.lax.all_to_all(apply(x_recv, local_recv, w_recv), axis, 0, 0, tiled=True)
+    x_send = jnp.where(filled[..., None], x[pair // top_k], 0).reshape(num_shards * capacity, -1)
+    meta_send = _meta(local, jnp.where(filled, weight.reshape(-1)[pair], 0)).reshape(-1, 2)
+    x_recv, meta = (jax.lax.all_to_all(a, axis, 0, 0, tiled=True) for a in (x_send, meta_send))
+    local_recv = meta[:, 0].astype(jnp.int32)
+    y = apply(x_recv, local_recv, meta[:, 1].astype(weight.dtype))
+    y_back = jax.lax.all_to_all(y, axis, 0, 0, tiled=True)
     kept = (plan.dest < num_shards) & (plan.rank < capacity)
     y_pair = jnp.where(kept[:, None], y_back[jnp.where(kept, plan.dest * capacity + plan.rank, 0)], 0)
     return _RoundTrip(y_pair, kept, jnp.sum(local_recv < experts_per_shard, dtype=jnp.int32))
@@ -128,16 +133,17 @@ def _all_to_all_round_trip(x, weight, plan: _Plan, apply: ApplyFn, axis, experts
 
 def _ragged_round_trip(x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity):
     """Ragged slices: source s writes its rows for d at offset sum_{s'<s} counts[s'][d] of d's
-    buffer of `capacity` rows; what does not fit is not sent."""
+    buffer of `capacity` rows; what does not fit is not sent, so rows [0, received) are filled."""
     num_shards, top_k = plan.counts.shape[0], weight.shape[1]
     me = jax.lax.axis_index(axis)
     counts = jax.lax.all_gather(plan.counts, axis)  # [source, destination]
     recv_offset = jnp.cumsum(counts, axis=0) - counts
     sent = jnp.clip(capacity - recv_offset, 0, counts)
     send_offset = jnp.cumsum(counts, axis=1) - counts
+    received = jnp.sum(sent[:, me])
 
-    def exchange(operand, rows, fill, in_offsets, send_sizes, out_offsets, recv_sizes):
-        output = jnp.full((rows, *operand.shape[1:]), fill, operand.dtype)
+    def exchange(operand, rows, in_offsets, send_sizes, out_offsets, recv_sizes):
+        output = jnp.zeros((rows, *operand.shape[1:]), operand.dtype)
         return jax.lax.ragged_all_to_all(
             operand, output, in_offsets, send_sizes, out_offsets, recv_sizes, axis_name=axis
         )
@@ -146,15 +152,16 @@ def _ragged_round_trip(x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per
     backward = (recv_offset[:, me], sent[:, me], send_offset[:, me], sent[me])
     pair = plan.order
     sorted_shard = jnp.minimum(plan.sorted_expert // experts_per_shard, num_shards - 1)
-    x_recv = exchange(x[pair // top_k], capacity, 0, *forward)
-    local_recv = exchange(plan.sorted_expert - sorted_shard * experts_per_shard, capacity,
-                          experts_per_shard, *forward)
-    w_recv = exchange(weight.reshape(-1)[pair], capacity, 0, *forward)
-    y = apply(x_recv, local_recv, w_recv)
-    y_sorted = exchange(y, pair.shape[0], 0, *backward)
+    x_recv = exchange(x[pair // top_k], capacity, *forward)
+    local = plan.sorted_expert - sorted_shard * experts_per_shard
+    meta = exchange(_meta(local, weight.reshape(-1)[pair]), capacity, *forward)
+    filled = jnp.arange(capacity) < received
+    local_recv = jnp.where(filled, meta[:, 0].astype(jnp.int32), experts_per_shard)
+    y = apply(x_recv, local_recv, meta[:, 1].astype(weight.dtype))
+    y_sorted = exchange(y, pair.shape[0], *backward)
     kept = (plan.dest < num_shards) & (plan.rank < sent[me][jnp.minimum(plan.dest, num_shards - 1)])
     y_pair = jnp.where(kept[:, None], y_sorted[plan.row_of_pair], 0)
-    return _RoundTrip(y_pair, kept, jnp.sum(sent[:, me]))
+    return _RoundTrip(y_pair, kept, received)
 
 
 _ROUND_TRIPS = {"all_to_all": _all_to_all_round_trip, "ragged": _ragged_round_trip}

@@ -17,12 +17,12 @@ os.environ["XLA_FLAGS"] = (
 )
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-import moe_pallas  # noqa: E402
-from moe_pallas.reference import moe_experts_reference  # noqa: E402
+import moe_pallas
+from moe_pallas.reference import moe_experts_reference
 
 H, I = 16, 8
 
@@ -136,7 +136,7 @@ def ragged_lowers():
     mesh = moe_pallas.expert_mesh(4, 2)
     fn = partial(moe_pallas.moe_experts, activation="swiglu", implementation="xla", mesh=mesh,
                  exchange="ragged")
-    loss = lambda x, w, p: jnp.sum(fn(x, idx, w, p) ** 2)  # noqa: E731
+    loss = lambda x, w, p: jnp.sum(fn(x, idx, w, p) ** 2)
     text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, w, params).as_text()
     return {"ragged_ops": text.count("ragged_all_to_all")}
 
@@ -153,7 +153,7 @@ def debug_raises():
             try:
                 jax.block_until_ready(fn(x, ids, w, params))
                 raised[name] = ""
-            except Exception as e:  # the callback's ValueError arrives wrapped in a runtime error
+            except jax.errors.JaxRuntimeError as e:  # wraps the callback's ValueError
                 raised[name] = str(e)
     return raised
 
@@ -162,8 +162,8 @@ def errors():
     x, idx, w, params = make_inputs(0, 8, 12, 2)
     messages = {}
     for name, kwargs in {
-        "indivisible_experts": dict(mesh=moe_pallas.expert_mesh(8)),
-        "bad_axis": dict(mesh=moe_pallas.expert_mesh(8), expert_axis="experts"),
+        "indivisible_experts": {"mesh": moe_pallas.expert_mesh(8)},
+        "bad_axis": {"mesh": moe_pallas.expert_mesh(8), "expert_axis": "experts"},
     }.items():
         try:
             moe_pallas.moe_experts(x, idx, w, params, activation="swiglu", **kwargs)
@@ -176,7 +176,7 @@ def errors():
 def main():
     results = {"ragged_lowers": ragged_lowers()}
     jax.lax.ragged_all_to_all = emulated_ragged_all_to_all
-    ep = lambda mesh, **kw: partial(  # noqa: E731
+    ep = lambda mesh, **kw: partial(
         moe_pallas.moe_experts, implementation="xla", mesh=mesh, **kw)
 
     x, idx, w, params = make_inputs(1, 64, 16, 4)
