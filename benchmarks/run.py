@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--out", type=Path, help="output folder")
     parser.add_argument("--ceiling", choices=("datasheet", "measured"), default="datasheet")
     parser.add_argument("--device", choices=tuple(_sol.DEVICES), help="datasheet entry (default: detect)")
-    parser.add_argument("--budget", type=float, default=0.3, help="seconds of timed samples per measurement")
+    parser.add_argument("--budget", type=float, default=0.2, help="seconds of timed samples per measurement")
     parser.add_argument("--tokens", help="only cases with these token counts, e.g. 1,2048")
     parser.add_argument("--full-peers", action="store_true",
                         help="time jax.lax.ragged_dot on every suite case (default: the first only; "
