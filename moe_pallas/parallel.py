@@ -275,7 +275,7 @@ def moe_experts_parallel(
         def apply(x_rows, local_expert, weight):
             with debug.debug_checks(False):  # padding rows carry out-of-range ids on purpose
                 return experts.moe_experts(x_rows, local_expert[:, None], weight[:, None], params,
-                                     activation=activation, implementation=implementation)
+                                           activation=activation, implementation=implementation)
 
         plan = _plan(topk_idx, experts_per_shard, num_shards)
         trip = round_trip(x, topk_weight, plan, apply, expert_axis, experts_per_shard, capacity)
