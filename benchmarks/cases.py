@@ -61,7 +61,9 @@ class Case:
         """(M, K, N) of the grouped matmul of a gmm/tgmm case."""
         w = self.workload
         m = self.tokens * w.top_k
-        return (m, w.hidden, 2 * w.inter) if self.projection == "gate_up" else (m, w.inter, w.hidden)
+        return (
+            (m, w.hidden, 2 * w.inter) if self.projection == "gate_up" else (m, w.inter, w.hidden)
+        )
 
 
 SUITE_TOKENS = {
@@ -95,7 +97,10 @@ def suite_cases(suite: str, *, small: bool = False) -> list[Case]:
         Case(suite, wl[w], scale(t), mode, proj)
         for w in wl
         for t, mode, proj in [
-            (2048, "gmm", "gate_up"), (2048, "gmm", "down"), (1, "gmm", "gate_up"), (2048, "tgmm", "gate_up"),
+            (2048, "gmm", "gate_up"),
+            (2048, "gmm", "down"),
+            (1, "gmm", "gate_up"),
+            (2048, "tgmm", "gate_up"),
         ]
     ]
     return cases[:2] + cases[4:6] if small else cases
@@ -106,7 +111,8 @@ def make_params(workload: Workload, dtype=jnp.bfloat16, seed: int = 0) -> dict[s
     w = workload
     k1, k2, k3, k4 = jax.random.split(jax.random.key(seed), 4)
     params = {
-        "w_gate_up": jax.random.normal(k1, (w.experts, w.hidden, 2 * w.inter), dtype) * (w.hidden**-0.5),
+        "w_gate_up": jax.random.normal(k1, (w.experts, w.hidden, 2 * w.inter), dtype)
+        * (w.hidden**-0.5),
         "w_down": jax.random.normal(k2, (w.experts, w.inter, w.hidden), dtype) * (w.inter**-0.5),
     }
     if w.bias:

@@ -26,11 +26,10 @@ import jax
 import jax.numpy as jnp
 
 import moe_pallas
+from benchmarks.cases import Case
 from moe_pallas import experts as _experts
 from moe_pallas.activations import glu, split_gate_up
 from moe_pallas.dispatch import dispatch
-
-from benchmarks.cases import Case
 
 
 class Skip(Exception):
@@ -96,7 +95,9 @@ def _prepare_jax(fn, args, train_output=False) -> Prepared:
 
 def _jax_case(case: Case, inputs: dict, layer, ragged_dot) -> Prepared:
     """Prepare a jax implementation given its layer function and its gmm function."""
-    x, topk_idx, topk_weight, params = (inputs[k] for k in ("x", "topk_idx", "topk_weight", "params"))
+    x, topk_idx, topk_weight, params = (
+        inputs[k] for k in ("x", "topk_idx", "topk_weight", "params")
+    )
     if case.mode == "fwd":
         return _prepare_jax(layer, (x, topk_idx, topk_weight, params))
     if case.mode == "train":
@@ -122,8 +123,9 @@ def _ours(backend: str):
                 raise Skip(f"moe_pallas has no {case.mode} op yet (moe_pallas/ops.py)")
             if case.mode == "gmm":
                 return _prepare_jax(
-                    lambda lhs, rhs, gs: op(lhs, rhs, gs, implementation=backend,
-                                            preferred_element_type=jnp.float32),
+                    lambda lhs, rhs, gs: op(
+                        lhs, rhs, gs, implementation=backend, preferred_element_type=jnp.float32
+                    ),
                     (inputs["lhs"], inputs["rhs"], inputs["group_sizes"]),
                 )
             return _prepare_jax(
@@ -215,7 +217,7 @@ def _prepare_tokamax(case: Case, inputs: dict) -> Prepared:
 
 def _torch():
     try:
-        import torch  # noqa: PLC0415 - optional peer, not a dependency
+        import torch
     except ImportError:
         raise Skip("torch is not installed") from None
     if not torch.cuda.is_available():
@@ -283,14 +285,14 @@ def _torch_prepare(case: Case, inputs: dict, layer, torch) -> Prepared:
     if case.mode == "gmm":
         lhs, rhs = t["lhs"], t["rhs"]
         offs = torch.cumsum(t["group_sizes"], 0).to(torch.int32)
-        fn = lambda: torch._grouped_mm(lhs, rhs, offs=offs)  # noqa: E731
+        fn = lambda: torch._grouped_mm(lhs, rhs, offs=offs)
     elif case.mode == "tgmm":
         lhs_t, dy = t["lhs"].t(), t["dy"]
         offs = torch.cumsum(t["group_sizes"], 0).to(torch.int32)
-        fn = lambda: torch._grouped_mm(lhs_t, dy, offs=offs)  # noqa: E731
+        fn = lambda: torch._grouped_mm(lhs_t, dy, offs=offs)
     elif case.mode == "fwd":
         args = (t["x"], t["topk_idx"].long(), t["topk_weight"], params)
-        fn = lambda: layer(*args)  # noqa: E731
+        fn = lambda: layer(*args)
     else:
         x = t["x"].detach().clone().requires_grad_()
         w = t["topk_weight"].detach().clone().requires_grad_()
@@ -321,7 +323,9 @@ def _prepare_torch_grouped(case: Case, inputs: dict) -> Prepared:
     torch = _torch()
     if not hasattr(torch, "_grouped_mm"):
         raise Skip(f"torch {torch.__version__} has no torch._grouped_mm")
-    return _torch_prepare(case, inputs, _torch_grouped_layer(torch, case.workload.activation), torch)
+    return _torch_prepare(
+        case, inputs, _torch_grouped_layer(torch, case.workload.activation), torch
+    )
 
 
 def _prepare_torch_loop(case: Case, inputs: dict) -> Prepared:

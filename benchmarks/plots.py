@@ -1,6 +1,6 @@
 """Plots of a benchmark run (matplotlib, PNG): % SOL per case, roofline, latency vs T.
 
-    python -m benchmarks.plots RESULTS_DIR     # re-plot a results.json
+python -m benchmarks.plots RESULTS_DIR     # re-plot a results.json
 """
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402 - after choosing the backend
+import matplotlib.pyplot as plt
 
 LAYER_SUITES = ("gptoss", "swiglu256", "decode", "train")
 
@@ -36,13 +36,19 @@ def plot_pct_sol(rows, meta, path):
         width = 0.8 / max(len(impls), 1)
         for j, impl in enumerate(impls):
             by_case = {r["case"]: r for r in suite_rows if r["impl"] == impl}
-            xs = [i + j * width for i, c in enumerate(cases) if by_case.get(c, {}).get("status") == "ok"]
+            xs = [
+                i + j * width
+                for i, c in enumerate(cases)
+                if by_case.get(c, {}).get("status") == "ok"
+            ]
             ys = [by_case[c]["pct_sol"] for c in cases if by_case.get(c, {}).get("status") == "ok"]
             ax.bar(xs, ys, width, label=impl, color=colors[impl])
         ax.axhline(100, color="k", lw=0.8)
         ax.axhline(100 / 1.15, color="k", lw=0.8, ls=":")
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
-        ax.set_xticklabels([c.replace("/fwd", "") for c in cases], rotation=60, ha="right", fontsize=7)
+        ax.set_xticklabels(
+            [c.replace("/fwd", "") for c in cases], rotation=60, ha="right", fontsize=7
+        )
         ax.set_ylabel("% of SOL")
         ax.set_title(f"{suite}", fontsize=10)
         if impls:
@@ -69,8 +75,14 @@ def plot_roofline(rows, meta, path):
         for mode, marker in markers.items():
             pts = [r for r in ok if r["impl"] == impl and r["mode"] == mode]
             if pts:
-                ax.scatter([r["intensity"] for r in pts], [r["tflops"] for r in pts], s=14,
-                           color=colors[impl], marker=marker, label=f"{impl} ({mode})")
+                ax.scatter(
+                    [r["intensity"] for r in pts],
+                    [r["tflops"] for r in pts],
+                    s=14,
+                    color=colors[impl],
+                    marker=marker,
+                    label=f"{impl} ({mode})",
+                )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP / byte of the SOL traffic)")
@@ -87,7 +99,9 @@ def plot_latency(rows, meta, path):
     fwd = [r for r in rows if r["mode"] == "fwd" and r["suite"] in LAYER_SUITES]
     workloads = list(dict.fromkeys(r["workload"] for r in fwd))
     colors = _colors(rows)
-    fig, axes = plt.subplots(1, max(len(workloads), 1), figsize=(6 * max(len(workloads), 1), 4.5), squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(len(workloads), 1), figsize=(6 * max(len(workloads), 1), 4.5), squeeze=False
+    )
     for ax, wl in zip(axes[0], workloads):
         wl_rows = sorted((r for r in fwd if r["workload"] == wl), key=lambda r: r["tokens"])
         sol = {r["tokens"]: r["sol_ms"] for r in wl_rows}
@@ -95,7 +109,13 @@ def plot_latency(rows, meta, path):
         for impl in _impls(wl_rows):
             pts = [r for r in wl_rows if r["impl"] == impl and r["status"] == "ok"]
             if pts:
-                ax.plot([r["tokens"] for r in pts], [r["time_ms"] for r in pts], ".-", color=colors[impl], label=impl)
+                ax.plot(
+                    [r["tokens"] for r in pts],
+                    [r["time_ms"] for r in pts],
+                    ".-",
+                    color=colors[impl],
+                    label=impl,
+                )
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("tokens T")

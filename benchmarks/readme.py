@@ -1,6 +1,6 @@
 """Put a results folder's summary table and % SOL plot into README.md (between the BENCH markers).
 
-    python -m benchmarks.readme benchmarks/results/<run>
+python -m benchmarks.readme benchmarks/results/<run>
 """
 
 import json
@@ -19,7 +19,8 @@ def section(folder: Path) -> str:
     rel = folder.resolve().relative_to(ROOT)
     table = run.markdown(data["rows"], data["summary"], data["meta"])
     return (
-        f"{BEGIN}\n{table}\nFull results: [`{rel}/`]({rel}/) (JSON, CSV, roofline and latency plots).\n\n"
+        f"{BEGIN}\n{table}\nFull results: [`{rel}/`]({rel}/) "
+        "(JSON, CSV, roofline and latency plots).\n\n"
         f"![% SOL per case]({rel}/pct_sol.png)\n{END}"
     )
 
@@ -28,7 +29,7 @@ def update(folder: Path, readme: Path = ROOT / "README.md") -> None:
     text = readme.read_text()
     if BEGIN not in text or END not in text:
         raise ValueError(f"{readme} has no {BEGIN} … {END} markers to replace.")
-    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.S)
+    pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.DOTALL)
     readme.write_text(pattern.sub(lambda _: section(folder), text))
 
 

@@ -12,7 +12,6 @@ jax.lax.ragged_dot where that ran. Writes results.json, results.csv, summary.md 
 
 import argparse
 import csv
-import dataclasses
 import datetime
 import json
 import os
@@ -33,8 +32,24 @@ from moe_pallas.dispatch import dispatch
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = (
-    "suite", "case", "workload", "mode", "tokens", "impl", "status", "message", "time_ms", "sol_ms",
-    "pct_sol", "tflops", "gbps", "intensity", "peak_mem_gib", "rel_err", "hit_experts", "samples",
+    "suite",
+    "case",
+    "workload",
+    "mode",
+    "tokens",
+    "impl",
+    "status",
+    "message",
+    "time_ms",
+    "sol_ms",
+    "pct_sol",
+    "tflops",
+    "gbps",
+    "intensity",
+    "peak_mem_gib",
+    "rel_err",
+    "hit_experts",
+    "samples",
     "compile_s",
 )
 
@@ -48,7 +63,11 @@ def _inputs(case: _cases.Case, params: dict) -> dict:
     if case.mode in ("gmm", "tgmm"):
         d = dispatch(topk_idx, case.workload.experts)
         m, k, n = case.gmm_shape()
-        lhs = x[d.row_token] if case.projection == "gate_up" else jax.random.normal(key, (m, k), x.dtype)
+        lhs = (
+            x[d.row_token]
+            if case.projection == "gate_up"
+            else jax.random.normal(key, (m, k), x.dtype)
+        )
         rhs = params["w_gate_up" if case.projection == "gate_up" else "w_down"]
         inputs.update(lhs=lhs, rhs=rhs, group_sizes=d.group_sizes)
         if case.mode == "tgmm":
@@ -106,8 +125,13 @@ def run_case(case, impl_names, params, device, budget_s, pbar=None, skip=None) -
     cost = _cost(case, hit)
     sol_s = cost.sol_seconds(device, inputs["x"].dtype)
     base = {
-        "suite": case.suite, "case": case.name, "workload": case.workload.name, "mode": case.mode,
-        "tokens": case.tokens, "sol_ms": sol_s * 1e3, "intensity": cost.intensity(),
+        "suite": case.suite,
+        "case": case.name,
+        "workload": case.workload.name,
+        "mode": case.mode,
+        "tokens": case.tokens,
+        "sol_ms": sol_s * 1e3,
+        "intensity": cost.intensity(),
         "hit_experts": hit,
     }
     rows, reference = [], None
@@ -122,8 +146,12 @@ def run_case(case, impl_names, params, device, budget_s, pbar=None, skip=None) -
             if name == "jax.lax.ragged_dot":
                 reference = comparable
             row.update(
-                time_ms=seconds * 1e3, pct_sol=100 * sol_s / seconds, tflops=cost.flops / seconds / 1e12,
-                gbps=cost.bytes / seconds / 1e9, samples=samples, compile_s=prep.compile_s,
+                time_ms=seconds * 1e3,
+                pct_sol=100 * sol_s / seconds,
+                tflops=cost.flops / seconds / 1e12,
+                gbps=cost.bytes / seconds / 1e9,
+                samples=samples,
+                compile_s=prep.compile_s,
                 peak_mem_gib=None if prep.peak_bytes is None else prep.peak_bytes / 2**30,
                 rel_err=None if name == "jax.lax.ragged_dot" else _rel_err(comparable, reference),
             )
@@ -134,7 +162,9 @@ def run_case(case, impl_names, params, device, budget_s, pbar=None, skip=None) -
             row.update(status="skipped", message=f"not implemented: {err}")
         except Exception as err:  # noqa: BLE001 - a failing peer is a result, not a crash
             first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
-            row.update(status="oom" if _is_oom(err) else "error", message=f"{type(err).__name__}: {first}")
+            row.update(
+                status="oom" if _is_oom(err) else "error", message=f"{type(err).__name__}: {first}"
+            )
         rows.append(row)
         if pbar is not None:
             pbar.set_postfix_str(f"{case.name} {name}: {row['status']}")
@@ -148,9 +178,16 @@ def _git_commit() -> str:
         return os.environ["BENCH_COMMIT"]
     root = Path(__file__).resolve().parent.parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True)
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        )
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
@@ -175,18 +212,30 @@ def summarize(rows: list[dict]) -> list[dict]:
         for impl in dict.fromkeys(r["impl"] for r in suite_rows):
             ok = [r for r in suite_rows if r["impl"] == impl and r["status"] == "ok"]
             mean = sum(r["time_ms"] for r in ok) / len(ok) if ok else None
-            out.append({
-                "suite": suite, "impl": impl, "cases_ok": len(ok), "cases": n, "sol_ms": sol,
-                "mean_ms": mean, "pct_sol": 100 * sol / mean if ok and len(ok) == n else None,
-            })
+            out.append(
+                {
+                    "suite": suite,
+                    "impl": impl,
+                    "cases_ok": len(ok),
+                    "cases": n,
+                    "sol_ms": sol,
+                    "mean_ms": mean,
+                    "pct_sol": 100 * sol / mean if ok and len(ok) == n else None,
+                }
+            )
     return out
 
 
 def markdown(rows: list[dict], summary: list[dict], meta: dict) -> str:
-    commit = meta["commit"].split()[0][:12] + ("-dirty" if "dirty" in meta["commit"] or "+" in meta["commit"] else "")
-    lines = [
+    commit = meta["commit"].split()[0][:12] + (
+        "-dirty" if "dirty" in meta["commit"] or "+" in meta["commit"] else ""
+    )
+    header = (
         f"Device: {meta['device']} · jax {meta['versions']['jax']} · commit {commit} · "
-        f"{meta['date']} · SOL ceilings: {meta['ceilings']}",
+        f"{meta['date']} · SOL ceilings: {meta['ceilings']}"
+    )
+    lines = [
+        header,
         "",
         "| suite | implementation | cases ok | mean ms | SOL mean ms | % SOL |",
         "|---|---|---|---|---|---|",
@@ -194,8 +243,10 @@ def markdown(rows: list[dict], summary: list[dict], meta: dict) -> str:
     for s in summary:
         mean = "—" if s["mean_ms"] is None else f"{s['mean_ms']:.4g}"
         pct = "—" if s["pct_sol"] is None else f"{s['pct_sol']:.0f}%"
-        lines.append(f"| {s['suite']} | {s['impl']} | {s['cases_ok']}/{s['cases']} | {mean} | "
-                     f"{s['sol_ms']:.4g} | {pct} |")
+        lines.append(
+            f"| {s['suite']} | {s['impl']} | {s['cases_ok']}/{s['cases']} | {mean} | "
+            f"{s['sol_ms']:.4g} | {pct} |"
+        )
     problems = [r for r in rows if r["status"] != "ok"]
     if problems:
         lines += ["", "Not timed:", ""]
@@ -211,7 +262,9 @@ def markdown(rows: list[dict], summary: list[dict], meta: dict) -> str:
 def write(out_dir: Path, rows: list[dict], meta: dict, plots: bool = True) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(rows)
-    (out_dir / "results.json").write_text(json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1))
+    (out_dir / "results.json").write_text(
+        json.dumps({"meta": meta, "summary": summary, "rows": rows}, indent=1)
+    )
     with open(out_dir / "results.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, FIELDS)
         writer.writeheader()
@@ -219,27 +272,45 @@ def write(out_dir: Path, rows: list[dict], meta: dict, plots: bool = True) -> No
             writer.writerow({k: r.get(k) for k in FIELDS})
     (out_dir / "summary.md").write_text(markdown(rows, summary, meta))
     if plots:
-        from benchmarks import plots as _plots  # noqa: PLC0415 - matplotlib only when plotting
+        from benchmarks import plots as _plots
 
         _plots.write_all(rows, meta, out_dir)
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--suite", default="gptoss", help=f"one of {_cases.SUITES} or 'all'; commas allowed")
-    parser.add_argument("--impls", default=",".join(_impls.IMPLS), help="comma-separated subset of: "
-                        + ", ".join(_impls.IMPLS))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--suite", default="gptoss", help=f"one of {_cases.SUITES} or 'all'; commas allowed"
+    )
+    parser.add_argument(
+        "--impls",
+        default=",".join(_impls.IMPLS),
+        help="comma-separated subset of: " + ", ".join(_impls.IMPLS),
+    )
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
     parser.add_argument("--out", type=Path, help="output folder")
     parser.add_argument("--ceiling", choices=("datasheet", "measured"), default="datasheet")
-    parser.add_argument("--device", choices=tuple(_sol.DEVICES), help="datasheet entry (default: detect)")
-    parser.add_argument("--budget", type=float, default=0.2, help="seconds of timed samples per measurement")
+    parser.add_argument(
+        "--device", choices=tuple(_sol.DEVICES), help="datasheet entry (default: detect)"
+    )
+    parser.add_argument(
+        "--budget", type=float, default=0.2, help="seconds of timed samples per measurement"
+    )
     parser.add_argument("--tokens", help="only cases with these token counts, e.g. 1,2048")
-    parser.add_argument("--full-peers", action="store_true",
-                        help="time jax.lax.ragged_dot on every suite case (default: the first only; "
-                             "its dense fallback compiles for ~20 s and runs ~0.1-0.3 s per case)")
-    parser.add_argument("--time-limit", type=float, default=None,
-                        help="seconds; cases not started by then are recorded as skipped")
+    parser.add_argument(
+        "--full-peers",
+        action="store_true",
+        help="time jax.lax.ragged_dot on every suite case (default: the first only; "
+        "its dense fallback compiles for ~20 s and runs ~0.1-0.3 s per case)",
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="seconds; cases not started by then are recorded as skipped",
+    )
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
 
@@ -249,7 +320,9 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--impls: unknown {unknown}; choose from {list(_impls.IMPLS)}")
     # The reference peer goes first so the others can be checked against its output.
     impl_names.sort(key=lambda n: n != "jax.lax.ragged_dot")
-    case_list = [c for s in args.suite.split(",") for c in _cases.suite_cases(s.strip(), small=args.small)]
+    case_list = [
+        c for s in args.suite.split(",") for c in _cases.suite_cases(s.strip(), small=args.small)
+    ]
     if args.tokens:
         keep = {int(t) for t in args.tokens.split(",")}
         case_list = [c for c in case_list if c.tokens in keep]
@@ -257,15 +330,25 @@ def main(argv: list[str] | None = None) -> Path:
     if args.ceiling == "measured":
         device = _sol.measure_ceilings(*((256, 1 << 24) if args.small else ()))
     else:
-        device = _sol.DEVICES[args.device] if args.device else (_sol.detect_device() or _sol.DEVICES["h200"])
+        device = (
+            _sol.DEVICES[args.device]
+            if args.device
+            else (_sol.detect_device() or _sol.DEVICES["h200"])
+        )
     now = datetime.datetime.now(datetime.UTC)
     meta = {
-        "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"), "device": jax.devices()[0].device_kind,
-        "platform": jax.default_backend(), "commit": _git_commit(), "command": " ".join(sys.argv),
+        "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "device": jax.devices()[0].device_kind,
+        "platform": jax.default_backend(),
+        "commit": _git_commit(),
+        "command": " ".join(sys.argv),
         "ceilings": f"{device.name}: {device.peak_flops['bfloat16'] / 1e12:.0f} TFLOP/s bf16, "
-                    f"{device.bandwidth / 1e12:.2f} TB/s",
-        "peak_flops_bf16": device.peak_flops["bfloat16"], "bandwidth": device.bandwidth,
-        "small": args.small, "budget_s": args.budget, "versions": _versions(),
+        f"{device.bandwidth / 1e12:.2f} TB/s",
+        "peak_flops_bf16": device.peak_flops["bfloat16"],
+        "bandwidth": device.bandwidth,
+        "small": args.small,
+        "budget_s": args.budget,
+        "versions": _versions(),
     }
     slug = jax.devices()[0].device_kind.lower().replace(" ", "-")
     out_dir = args.out or RESULTS / f"{now:%Y-%m-%d}_{slug}{'_small' if args.small else ''}"
@@ -274,11 +357,19 @@ def main(argv: list[str] | None = None) -> Path:
     first_of_suite = {}
     for case in case_list:
         first_of_suite.setdefault(case.suite, case)
-    with tqdm(total=len(case_list) * len(impl_names), desc="bench", unit="run", file=sys.stderr) as pbar:
+    with tqdm(
+        total=len(case_list) * len(impl_names), desc="bench", unit="run", file=sys.stderr
+    ) as pbar:
         for case in case_list:
             skip = {}
-            if not args.full_peers and case.suite in _cases.SUITE_TOKENS and first_of_suite[case.suite] != case:
-                skip["jax.lax.ragged_dot"] = "slow peer: timed on the suite's first case only (--full-peers)"
+            if (
+                not args.full_peers
+                and case.suite in _cases.SUITE_TOKENS
+                and first_of_suite[case.suite] != case
+            ):
+                skip["jax.lax.ragged_dot"] = (
+                    "slow peer: timed on the suite's first case only (--full-peers)"
+                )
             if args.time_limit is not None and time.monotonic() - start > args.time_limit:
                 skip = dict.fromkeys(impl_names, f"--time-limit {args.time_limit:.0f} s reached")
             if params_of != case.workload:

@@ -51,8 +51,15 @@ class Cost:
 
 
 def layer_cost(
-    tokens: int, hidden: int, inter: int, top_k: int, hit: int, *, itemsize: int = 2,
-    bias: bool = False, train: bool = False,
+    tokens: int,
+    hidden: int,
+    inter: int,
+    top_k: int,
+    hit: int,
+    *,
+    itemsize: int = 2,
+    bias: bool = False,
+    train: bool = False,
 ) -> Cost:
     """FLOPs and bytes of the expert layer (see the module doc); `hit` = experts with ≥ 1 row."""
     per_expert = hidden * 2 * inter + inter * hidden + ((2 * inter + hidden) if bias else 0)
@@ -67,7 +74,9 @@ def gmm_cost(m: int, k: int, n: int, hit: int, *, itemsize: int = 2) -> Cost:
     return Cost(2.0 * m * k * n, (hit * k * n + m * k + m * n) * itemsize)
 
 
-def tgmm_cost(m: int, k: int, n: int, groups: int, *, itemsize: int = 2, out_itemsize: int = 2) -> Cost:
+def tgmm_cost(
+    m: int, k: int, n: int, groups: int, *, itemsize: int = 2, out_itemsize: int = 2
+) -> Cost:
     return Cost(2.0 * m * k * n, (m * k + m * n) * itemsize + groups * k * n * out_itemsize)
 
 
@@ -101,4 +110,6 @@ def measure_ceilings(size: int = 8192, copy_bytes: int = 2 << 30, repeats: int =
     x = jax.random.normal(key_a, (copy_bytes // 4,), jnp.float32)
     copy = median_time(jax.jit(lambda v: v * 1.5 + 1.0), x)
     name = f"{jax.devices()[0].device_kind} (measured)"
-    return Device(name, {"bfloat16": flops, "float16": flops, "float32": flops / 2}, 2 * copy_bytes / copy)
+    return Device(
+        name, {"bfloat16": flops, "float16": flops, "float32": flops / 2}, 2 * copy_bytes / copy
+    )

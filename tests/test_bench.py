@@ -16,7 +16,9 @@ H200 = sol.DEVICES["h200"]
 
 def _layer_sol_ms(workload, tokens, hit=None, train=False):
     w = cases.WORKLOADS[workload]
-    cost = sol.layer_cost(tokens, w.hidden, w.inter, w.top_k, hit or w.experts, bias=w.bias, train=train)
+    cost = sol.layer_cost(
+        tokens, w.hidden, w.inter, w.top_k, hit or w.experts, bias=w.bias, train=train
+    )
     return 1e3 * cost.sol_seconds(H200, jnp.bfloat16)
 
 
@@ -31,10 +33,14 @@ def test_suite_sol_means_match_mission(suite, expected_ms):
 @pytest.mark.parametrize(
     ("workload", "tokens", "hit", "train", "expected_ms"),
     [
-        ("gptoss", 1, 4, False, 0.041), ("gptoss", 2048, None, False, 1.332),
-        ("gptoss", 16384, None, False, 3.298), ("swiglu256", 1, 8, False, 0.084),
-        ("swiglu256", 2048, None, False, 2.691), ("swiglu256", 8192, None, False, 3.335),
-        ("gptoss", 2048, None, True, 4.0), ("swiglu256", 2048, None, True, 8.1),
+        ("gptoss", 1, 4, False, 0.041),
+        ("gptoss", 2048, None, False, 1.332),
+        ("gptoss", 16384, None, False, 3.298),
+        ("swiglu256", 1, 8, False, 0.084),
+        ("swiglu256", 2048, None, False, 2.691),
+        ("swiglu256", 8192, None, False, 3.335),
+        ("gptoss", 2048, None, True, 4.0),
+        ("swiglu256", 2048, None, True, 8.1),
     ],
 )
 def test_case_sol_matches_mission_table(workload, tokens, hit, train, expected_ms):
@@ -73,14 +79,19 @@ def test_hit_experts_counts_distinct_ids():
     case = cases.suite_cases("decode", small=True)[0]
     x, topk_idx, topk_weight = cases.make_tokens(case)
     assert x.shape == (case.tokens, case.workload.hidden) and topk_idx.shape == topk_weight.shape
-    assert 1 <= cases.hit_experts(topk_idx, case.workload.experts) <= case.workload.top_k * case.tokens
+    assert (
+        1 <= cases.hit_experts(topk_idx, case.workload.experts) <= case.workload.top_k * case.tokens
+    )
 
 
 def test_measure_takes_the_median_of_blocking_samples():
     calls = []
     prep = impls.Prepared(
-        call=lambda: calls.append(1) or jnp.ones(3), wait=jax.block_until_ready, peak_bytes=None,
-        compile_s=0.0, output=lambda out: out,
+        call=lambda: calls.append(1) or jnp.ones(3),
+        wait=jax.block_until_ready,
+        peak_bytes=None,
+        compile_s=0.0,
+        output=lambda out: out,
     )
     seconds, samples, out = run.measure(prep, budget_s=0.01, min_samples=3, max_samples=5)
     assert 3 <= samples <= 5 and seconds > 0 and len(calls) >= samples + 2
@@ -92,10 +103,19 @@ def test_runner_end_to_end_on_cpu(tmp_path, monkeypatch):
         raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 9 GiB")
 
     monkeypatch.setitem(impls.IMPLS, "fake oom", oom)
-    out = run.main([
-        "--suite", "decode", "--small", "--impls", "tokamax,fake oom,jax.lax.ragged_dot",
-        "--out", str(tmp_path), "--budget", "0.01",
-    ])
+    out = run.main(
+        [
+            "--suite",
+            "decode",
+            "--small",
+            "--impls",
+            "tokamax,fake oom,jax.lax.ragged_dot",
+            "--out",
+            str(tmp_path),
+            "--budget",
+            "0.01",
+        ]
+    )
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["platform"] == "cpu" and data["meta"]["commit"]
     rows = data["rows"]
@@ -120,13 +140,38 @@ def test_peer_layer_glue_matches_reference():
     from moe_pallas.reference import moe_experts_reference
 
     for name in ("gptoss", "swiglu256"):
-        case = cases.Case("t", cases.SMALL_WORKLOADS[name], int(np.random.default_rng().integers(1, 24)))
-        params = cases.make_params(case.workload, jnp.float32, seed=int(np.random.default_rng().integers(1 << 30)))
+        case = cases.Case(
+            "t", cases.SMALL_WORKLOADS[name], int(np.random.default_rng().integers(1, 24))
+        )
+        params = cases.make_params(
+            case.workload, jnp.float32, seed=int(np.random.default_rng().integers(1 << 30))
+        )
         x, topk_idx, topk_weight = cases.make_tokens(case, jnp.float32)
 
         def ragged_dot(lhs, rhs, gs):
-            return jax.lax.ragged_dot(lhs, rhs, gs, precision="highest", preferred_element_type=jnp.float32)
+            return jax.lax.ragged_dot(
+                lhs, rhs, gs, precision="highest", preferred_element_type=jnp.float32
+            )
 
-        out = impls._ragged_layer(x, topk_idx, topk_weight, params, case.workload.activation, ragged_dot)
-        ref = moe_experts_reference(x, topk_idx, topk_weight, params, activation=case.workload.activation)
+        out = impls._ragged_layer(
+            x, topk_idx, topk_weight, params, case.workload.activation, ragged_dot
+        )
+        ref = moe_experts_reference(
+            x, topk_idx, topk_weight, params, activation=case.workload.activation
+        )
         assert float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref)) < 1e-5
+
+
+def test_readme_section_replaces_only_the_marked_block(tmp_path):
+    from benchmarks import readme
+
+    folder = run.RESULTS / "2026-11-30_h200_validation"
+    page = tmp_path / "README.md"
+    page.write_text(f"# top\n\n{readme.BEGIN}\nold\n{readme.END}\n\n## after\n")
+    readme.update(folder, page)
+    text = page.read_text()
+    assert text.startswith("# top\n") and text.endswith("## after\n") and "old" not in text
+    assert "| gptoss | tokamax |" in text and "pct_sol.png" in text
+    page.write_text("no markers")
+    with pytest.raises(ValueError, match="markers"):
+        readme.update(folder, page)

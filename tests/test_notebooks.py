@@ -22,7 +22,9 @@ def execute(path: Path):
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
     nbclient.NotebookClient(
-        nb, timeout=TIME_LIMIT_S, kernel_name="python3",
+        nb,
+        timeout=TIME_LIMIT_S,
+        kernel_name="python3",
         resources={"metadata": {"path": str(path.parent)}},
     ).execute()
     return nb, time.perf_counter() - start
