@@ -4,7 +4,8 @@ Inside the context (at trace time: enable it before jit traces your step), `moe_
 `ragged_dot` check their data on the device and raise, through `jax.debug.callback`, a ValueError
 naming the argument when expert ids fall outside [0, E), routing weights or tokens are not finite,
 or group sizes are negative or do not sum to at most the row count. Outside it nothing is checked at
-run time: out-of-range expert ids contribute zero (documented), NaN propagates.
+run time: out-of-range expert ids contribute zero, negative group sizes count as zero, a group-size
+sum past the row count is cut there, NaN propagates (docs/reliability.md).
 """
 
 import contextlib
@@ -68,10 +69,15 @@ def check_group_sizes(group_sizes, num_rows: int) -> None:
 
     def host_check(group_sizes):
         group_sizes = np.asarray(group_sizes)
-        _raise_if((group_sizes < 0).any(), f"group_sizes has negative entries: {group_sizes}.")
         _raise_if(
-            group_sizes.sum() > num_rows,
-            f"group_sizes sums to {int(group_sizes.sum())} > {num_rows} rows of lhs.",
+            (group_sizes < 0).any(),
+            f"group_sizes has negative entries: {group_sizes}; they must be row counts >= 0.",
+        )
+        total = int(group_sizes.astype(np.int64).sum())
+        _raise_if(
+            total > num_rows,
+            f"group_sizes sums to {total} > {num_rows} rows of lhs; the sizes must count the "
+            "rows of lhs, in order.",
         )
 
     jax.debug.callback(host_check, group_sizes)

@@ -59,6 +59,11 @@ def validate(x, topk_idx, topk_weight, params, activation) -> dict[str, jax.Arra
         )
     if topk_idx.shape[0] != x.shape[0]:
         raise ValueError(f"topk_idx has {topk_idx.shape[0]} tokens but x has T={x.shape[0]}.")
+    if topk_idx.size >= 2**31:  # the (token, slot) rows are numbered in int32
+        raise ValueError(
+            f"topk_idx has T*k = {topk_idx.size} >= 2^31 (token, slot) pairs; call moe_experts on "
+            "chunks of the tokens."
+        )
     w_gate_up, w_down = params["w_gate_up"], params["w_down"]
     if w_gate_up.ndim != 3 or w_down.ndim != 3:
         raise ValueError("params['w_gate_up'] must be [E, H, 2I] and params['w_down'] [E, I, H].")

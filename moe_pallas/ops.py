@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moe_pallas import _backend
+from moe_pallas import _backend, debug
 from moe_pallas.kernels import gmm as _gmm
 from moe_pallas.kernels import tgmm as _tgmm
+from moe_pallas.kernels.gmm import clamp_group_sizes
 
 
 def _check_floating(name: str, x: jax.Array) -> None:
@@ -26,7 +27,9 @@ def _check_floating(name: str, x: jax.Array) -> None:
         raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}.")
 
 
-def _check_group_sizes(group_sizes: jax.Array, num_groups: int) -> jax.Array:
+def _check_group_sizes(group_sizes: jax.Array, num_groups: int, num_rows: int) -> jax.Array:
+    """Validated group sizes; invalid values (negative, summing past num_rows) are clamped as the
+    kernels clamp them, so both backends agree, and raise under `moe_pallas.debug_checks()`."""
     if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
         raise TypeError(
             f"group_sizes must be integer, got dtype {group_sizes.dtype}; "
@@ -37,7 +40,8 @@ def _check_group_sizes(group_sizes: jax.Array, num_groups: int) -> jax.Array:
             f"group_sizes must have shape ({num_groups},), one entry per group, "
             f"got {group_sizes.shape}."
         )
-    return group_sizes.astype(jnp.int32)
+    debug.check_group_sizes(group_sizes, num_rows)
+    return clamp_group_sizes(group_sizes, num_rows)
 
 
 def _out_dtype(lhs, rhs, preferred_element_type):
@@ -115,7 +119,8 @@ def ragged_dot(
     """`out[m] = lhs[m] @ rhs[g]` for the rows m of group g; same semantics as jax.lax.ragged_dot.
 
     lhs `[M, K]`, rhs `[G, K, N]`, group_sizes `[G]` integer (consecutive row counts, summing to
-    at most M; rows past the sum are zero). Returns `[M, N]` in `preferred_element_type`
+    at most M; rows past the sum are zero; negative sizes count as 0 and a sum past M is cut at
+    M, see `moe_pallas.debug_checks` to make them errors). Returns `[M, N]` in `preferred_element_type`
     (default: the promoted input dtype), accumulating in float32.
     """
     backend = _backend.resolve(implementation)
@@ -132,7 +137,7 @@ def ragged_dot(
         )
     _check_floating("lhs", lhs)
     _check_floating("rhs", rhs)
-    group_sizes = _check_group_sizes(group_sizes, rhs.shape[0])
+    group_sizes = _check_group_sizes(group_sizes, rhs.shape[0], lhs.shape[0])
     out_dtype = _out_dtype(lhs, rhs, preferred_element_type)
     if backend == "xla":
         return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=out_dtype)
@@ -164,6 +169,6 @@ def tgmm(
     _check_floating("rhs", rhs)
     if group_sizes.ndim != 1:
         raise ValueError(f"group_sizes must be 1-D [G], got shape {group_sizes.shape}.")
-    group_sizes = _check_group_sizes(group_sizes, group_sizes.shape[0])
+    group_sizes = _check_group_sizes(group_sizes, group_sizes.shape[0], lhs.shape[0])
     out_dtype = _out_dtype(lhs, rhs, preferred_element_type)
     return _tgmm_vjp(lhs, rhs, group_sizes, out_dtype, backend)

@@ -19,6 +19,7 @@ tails are masked.
 """
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,35 @@ from moe_pallas.activations import glu
 from moe_pallas.kernels import config as _config
 
 _ACTIVATIONS = (None, "swiglu", "gptoss")
+# Row ids, group offsets and tile starts are int32 in the kernels and the schedule. Pallas switches
+# pointer offsets to int64 only past 4 GiB per array, so an array of 2^31 or more elements is
+# refused (tests/test_reliability.py runs gmm on the GPU just below the bound).
+MAX_ELEMENTS = 2**31 - 1
+
+
+def check_int32_sizes(kernel: str, **shapes: tuple[int, ...]) -> None:
+    """Raise a ValueError at trace time if an operand or output is too large for int32 indexing."""
+    for name, shape in shapes.items():
+        size = math.prod(shape)
+        if size > MAX_ELEMENTS:
+            raise ValueError(
+                f"{kernel}: {name} of shape {tuple(shape)} has {size} >= 2^31 elements, past the "
+                "int32 indexing of the kernels; split the tokens into chunks (e.g. jax.lax.map "
+                'over token blocks) or use implementation="xla".'
+            )
+
+
+def clamp_group_sizes(group_sizes: jax.Array, num_rows: int) -> jax.Array:
+    """Group sizes made safe to schedule: negatives count as 0, and the running sum saturates at
+    num_rows (the trailing groups lose the rows past the end). Valid sizes pass unchanged.
+
+    Without this a negative size would move a group start below row 0 (out-of-bounds loads and
+    stores on the GPU) and a huge one would overflow the int32 cumulative sum.
+    """
+    sizes = jnp.clip(group_sizes.astype(jnp.int32), 0, num_rows)
+    # Saturating cumsum min(a + b, num_rows), written so that no int32 intermediate overflows.
+    ends = jax.lax.associative_scan(lambda a, b: b + jnp.minimum(a, num_rows - b), sizes)
+    return jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32))
 
 
 def _and(a, b):
@@ -193,6 +223,9 @@ def gmm(
         raise ValueError(f"num_rows={num_rows} exceeds the {m_avail} rows available.")
     if row_scale is not None and row_scale.shape[0] < num_rows:
         raise ValueError(f"row_scale must have {num_rows} entries, got {row_scale.shape}.")
+    check_int32_sizes(
+        "gmm", lhs=lhs.shape, rhs=rhs.shape, out=(num_rows, n_dim // 2 if activation else n_dim)
+    )
     n_out = n_dim // 2 if activation else n_dim
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     if num_rows == 0 or n_out == 0:
@@ -214,7 +247,7 @@ def gmm(
     cfg = (config or _config.pick(kernel_name, num_rows, num_groups, k_dim, n_out)).fit(
         num_rows, k_dim, n_out
     )
-    sched = dispatch.tile_schedule(group_sizes, num_rows, cfg.block_m)
+    sched = dispatch.tile_schedule(clamp_group_sizes(group_sizes, num_rows), num_rows, cfg.block_m)
     num_visits = sched.group.shape[0]
     operands = [sched.group, sched.m_start, sched.row_start, sched.row_end]
     if gather:

@@ -20,6 +20,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from moe_pallas import _backend
 from moe_pallas.kernels import config as _config
+from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_sizes
 
 
 def _tgmm_kernel(
@@ -90,13 +91,14 @@ def tgmm(
     num_groups = group_sizes.shape[0] if num_groups is None else num_groups
     k_dim, n_dim = lhs.shape[1], rhs.shape[1]
     out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
+    check_int32_sizes("tgmm", lhs=lhs.shape, rhs=rhs.shape, out=(num_groups, k_dim, n_dim))
     if num_groups == 0 or k_dim == 0 or n_dim == 0 or num_rows == 0:
         return jnp.zeros((num_groups, k_dim, n_dim), out_dtype)
     cfg = (config or _config.pick("tgmm", num_rows, num_groups, k_dim, n_dim)).fit(
         num_rows, k_dim, n_dim
     )
-    ends = jnp.minimum(jnp.cumsum(group_sizes[:num_groups].astype(jnp.int32)), num_rows)
-    group_offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends])
+    sizes = clamp_group_sizes(group_sizes[:num_groups], num_rows)
+    group_offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(sizes)])
     operands = [group_offsets]
     if gather:
         operands.append(lhs_row_index.astype(jnp.int32))
