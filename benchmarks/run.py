@@ -5,8 +5,8 @@
 
 Per (case, implementation): median time of blocking timings after a warm-up call (calls are batched
 so one sample lasts >= 2 ms, samples fill `--budget` seconds, at least 3), SOL from benchmarks/sol.py,
-% SOL = SOL / time, TFLOP/s, GB/s (of the SOL bytes), peak memory, relative error against
-jax.lax.ragged_dot where that ran. Writes results.json, results.csv, summary.md and the plots into
+% SOL = SOL / time, TFLOP/s, GB/s (of the SOL bytes), peak memory, and the relative error of the
+output against the first of jax.lax.ragged_dot, tokamax, torch._grouped_mm that ran (rel_err_vs). Writes results.json, results.csv, summary.md and the plots into
 --out (default benchmarks/results/<date>_<device>/). Skips and failures are rows too, with reasons.
 """
 
@@ -31,6 +31,7 @@ from benchmarks import sol as _sol
 from moe_pallas.dispatch import dispatch
 
 RESULTS = Path(__file__).resolve().parent / "results"
+_REFERENCE_ORDER = ("jax.lax.ragged_dot", "tokamax", "torch._grouped_mm")
 FIELDS = (
     "suite",
     "case",
@@ -48,6 +49,7 @@ FIELDS = (
     "intensity",
     "peak_mem_gib",
     "rel_err",
+    "rel_err_vs",
     "hit_experts",
     "samples",
     "compile_s",
@@ -134,7 +136,7 @@ def run_case(case, impl_names, params, device, budget_s, pbar=None, skip=None) -
         "intensity": cost.intensity(),
         "hit_experts": hit,
     }
-    rows, reference = [], None
+    rows, reference, reference_name = [], None, None
     for name in impl_names:
         row = {**base, "impl": name, "status": "ok", "message": ""}
         try:
@@ -143,8 +145,9 @@ def run_case(case, impl_names, params, device, budget_s, pbar=None, skip=None) -
             prep = _impls.IMPLS[name](case, inputs)
             seconds, samples, out = measure(prep, budget_s)
             comparable = prep.output(out)
-            if name == "jax.lax.ragged_dot":
-                reference = comparable
+            rel_err = _rel_err(comparable, reference)
+            if reference is None and comparable is not None:
+                reference, reference_name = comparable, name
             row.update(
                 time_ms=seconds * 1e3,
                 pct_sol=100 * sol_s / seconds,
@@ -153,7 +156,8 @@ def run_case(case, impl_names, params, device, budget_s, pbar=None, skip=None) -
                 samples=samples,
                 compile_s=prep.compile_s,
                 peak_mem_gib=None if prep.peak_bytes is None else prep.peak_bytes / 2**30,
-                rel_err=None if name == "jax.lax.ragged_dot" else _rel_err(comparable, reference),
+                rel_err=rel_err,
+                rel_err_vs=None if rel_err is None else reference_name,
             )
             del prep, out, comparable
         except _impls.Skip as err:
@@ -318,8 +322,8 @@ def main(argv: list[str] | None = None) -> Path:
     unknown = [n for n in impl_names if n not in _impls.IMPLS]
     if unknown:
         parser.error(f"--impls: unknown {unknown}; choose from {list(_impls.IMPLS)}")
-    # The reference peer goes first so the others can be checked against its output.
-    impl_names.sort(key=lambda n: n != "jax.lax.ragged_dot")
+    # Outputs are checked against the first implementation that ran: the peers go first.
+    impl_names.sort(key=lambda n: _REFERENCE_ORDER.index(n) if n in _REFERENCE_ORDER else 9)
     case_list = [
         c for s in args.suite.split(",") for c in _cases.suite_cases(s.strip(), small=args.small)
     ]

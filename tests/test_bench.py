@@ -109,7 +109,7 @@ def test_runner_end_to_end_on_cpu(tmp_path, monkeypatch):
             "decode",
             "--small",
             "--impls",
-            "tokamax,fake oom,jax.lax.ragged_dot",
+            "tokamax,fake oom,moe_pallas:pallas_triton,jax.lax.ragged_dot",
             "--out",
             str(tmp_path),
             "--budget",
@@ -119,11 +119,19 @@ def test_runner_end_to_end_on_cpu(tmp_path, monkeypatch):
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["platform"] == "cpu" and data["meta"]["commit"]
     rows = data["rows"]
-    assert len(rows) == 3 * len(cases.suite_cases("decode", small=True))
+    assert len(rows) == 4 * len(cases.suite_cases("decode", small=True))
     by_impl = {}
     for r in rows:
         by_impl.setdefault(r["impl"], set()).add(r["status"])
-    assert by_impl == {"jax.lax.ragged_dot": {"ok"}, "tokamax": {"skipped"}, "fake oom": {"oom"}}
+    assert by_impl == {
+        "jax.lax.ragged_dot": {"ok"},
+        "moe_pallas:pallas_triton": {"ok"},
+        "tokamax": {"skipped"},
+        "fake oom": {"oom"},
+    }
+    for r in rows:  # our kernels (interpret mode) checked against the peer, bf16 in and out
+        if r["impl"] == "moe_pallas:pallas_triton":
+            assert r["rel_err_vs"] == "jax.lax.ragged_dot" and r["rel_err"] < 2e-2
     for r in rows:
         if r["status"] == "ok":
             assert r["time_ms"] > 0 and r["sol_ms"] > 0 and r["peak_mem_gib"] > 0
