@@ -1,5 +1,23 @@
+import os
+
 import jax
 import pytest
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--long", action="store_true",
+        help="tests/test_fuzz.py: hypothesis profile 'long' (10,000 examples per test; for the GPU)",
+    )
+    parser.addoption(
+        "--fuzz-minutes", type=float, default=None,
+        help="tests/test_fuzz.py: total time budget of the fuzz tests, shared evenly among them",
+    )
+
+
+def pytest_configure(config):
+    if config.getoption("--long"):  # read by tests/test_fuzz.py when it registers its profiles
+        os.environ["HYPOTHESIS_PROFILE"] = "long"
 
 
 def pytest_collection_modifyitems(config, items):

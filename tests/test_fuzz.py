@@ -1,0 +1,380 @@
+"""Property-based tests (hypothesis) of the Pallas paths against float64 oracles.
+
+Drawn per example: the shape (from a pool, so each shape compiles once: interpret mode on CPU,
+bigger shapes on the GPU), dtype, number of groups/experts and k, the group-size or routing
+distribution (uniform, Zipf-skewed, all in one group, most groups empty, rows past the last
+group, out-of-range expert ids), and fresh random values. Checked: relative error
+‖out − ref‖/‖ref‖ of forward and gradients, exact zeros where the math says zero (rows past the
+groups, empty groups), and every output finite (interpret mode pre-fills outputs with NaN, so a
+never-written element fails).
+
+Profiles: "ci" (default, 60 examples per test, ~3 min on 2 CPU cores) and "long" (10,000 per
+test), chosen by `--long` or HYPOTHESIS_PROFILE=long (loaded when this module is imported, so it
+applies to every hypothesis test of the session). `--fuzz-minutes M` shares M minutes among
+the fuzz tests: a test past its share stops checking (the remaining examples pass unchecked and
+are not counted). FUZZ_REPORT=path.json writes per test: examples checked, seconds, first failure.
+"""
+
+import functools
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from moe_pallas import dispatch, moe_experts, ragged_dot, tgmm
+from moe_pallas.kernels import BlockConfig, gmm
+from moe_pallas.reference import moe_experts_reference
+
+ON_GPU = jax.default_backend() == "gpu"
+_COMMON = dict(deadline=None, derandomize=False, suppress_health_check=list(HealthCheck))
+settings.register_profile("ci", max_examples=60, **_COMMON)
+settings.register_profile("long", max_examples=10_000, database=None, **_COMMON)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")  # conftest sets "long" for --long
+settings.load_profile(PROFILE)
+
+# Shape pools. CPU: tiny, not multiples of the 16-wide tiles. GPU: the table's real tiles.
+RAGGED_SHAPES = (  # (M, K, N, G)
+    [(1, 64, 128, 8), (200, 72, 136, 16), (1000, 256, 384, 64), (4099, 128, 256, 128),
+     (2048, 2880, 160, 4)]
+    if ON_GPU else [(7, 24, 40, 3), (48, 40, 24, 6), (33, 16, 48, 5)]
+)
+EXPERT_SHAPES = (  # (T, H, I, E, k)
+    [(1, 128, 64, 8, 2), (77, 256, 192, 16, 4), (300, 384, 320, 32, 8), (40, 576, 320, 64, 4)]
+    if ON_GPU else [(1, 24, 16, 4, 2), (13, 40, 24, 6, 3)]
+)
+DTYPES = [jnp.float32, jnp.bfloat16]
+# float32 runs the GPU dots in TF32; bf16 rounds outputs (and the activation, h) to 8 bits.
+TOL = {jnp.float32: 5e-3 if ON_GPU else 1e-4, jnp.bfloat16: 2e-2}
+GRAD_TOL = {jnp.float32: 5e-3 if ON_GPU else 2e-4, jnp.bfloat16: 4e-2}
+GROUP_KINDS = ["uniform", "zipf", "one", "sparse"]
+ROUTING_KINDS = ["uniform", "zipf", "hot", "few", "masked"]
+
+_report: dict[str, dict] = {}
+_stop = [float("inf")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report_file():
+    yield
+    path = os.environ.get("FUZZ_REPORT")
+    if path:
+        summary = {
+            "profile": PROFILE,
+            "max_examples_per_test": settings().max_examples,
+            "backend": jax.default_backend(),
+            "device": jax.devices()[0].device_kind,
+            "tests": _report,
+            "examples_checked": sum(r["examples"] for r in _report.values()),
+            "failures": sum(r["failure"] is not None for r in _report.values()),
+        }
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+@pytest.fixture(autouse=True)
+def _time_share(request):
+    minutes = request.config.getoption("--fuzz-minutes")
+    here = [item for item in request.session.items if item.module is request.module]
+    _stop[0] = time.monotonic() + 60 * minutes / len(here) if minutes else float("inf")
+    _report[request.node.name] = {"examples": 0, "seconds": 0.0, "failure": None}
+    start = time.monotonic()
+    yield
+    _report[request.node.name]["seconds"] = round(time.monotonic() - start, 1)
+
+
+class _Example:
+    """Counts a checked example; records the first failure (with its drawn parameters)."""
+
+    def __init__(self, name, **drawn):
+        self.name, self.drawn = name, drawn
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        entry = _report[self.name]
+        entry["examples"] += 1
+        if error is not None and entry["failure"] is None:
+            entry["failure"] = {"drawn": repr(self.drawn), "error": f"{kind.__name__}: {error}"[:2000]}
+        return False
+
+
+def _out_of_time() -> bool:
+    return time.monotonic() > _stop[0]
+
+
+def _rel_err(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert np.isfinite(got).all(), "non-finite output (an element never written?)"
+    scale = np.linalg.norm(want)
+    if scale == 0:
+        return float(np.abs(got).max(initial=0.0))  # the math says exact zeros
+    return float(np.linalg.norm(got - want) / scale)
+
+
+def _group_sizes(rng, kind: str, num_groups: int, rows: int) -> np.ndarray:
+    """`num_groups` sizes summing to `rows`, distributed by `kind`."""
+    if kind == "one":
+        p = np.eye(num_groups)[rng.integers(num_groups)]
+    elif kind == "sparse":  # most groups empty
+        p = np.zeros(num_groups)
+        p[rng.choice(num_groups, min(2, num_groups), replace=False)] = 1
+    elif kind == "zipf":
+        p = rng.permutation(1.0 / np.arange(1, num_groups + 1) ** 1.5)
+    else:
+        p = np.ones(num_groups)
+    return rng.multinomial(rows, p / p.sum()).astype(np.int32)
+
+
+def _values(rng, shape, dtype, scale=1.0):
+    """Random values in `dtype`, returned with their exact float64 copy for the oracle."""
+    x = jnp.asarray(scale * rng.standard_normal(shape), dtype)
+    return x, np.asarray(x, np.float64)
+
+
+def _segments(sizes):
+    ends = np.cumsum(sizes)
+    return zip(range(len(sizes)), ends - sizes, ends)
+
+
+def _ragged64(lhs, rhs, sizes, d_out):
+    """float64 ragged_dot, its lhs and rhs gradients for cotangent d_out."""
+    out, d_lhs, d_rhs = np.zeros((lhs.shape[0], rhs.shape[2])), np.zeros_like(lhs), np.zeros_like(rhs)
+    for g, a, b in _segments(sizes):
+        out[a:b] = lhs[a:b] @ rhs[g]
+        d_lhs[a:b] = d_out[a:b] @ rhs[g].T
+        d_rhs[g] = lhs[a:b].T @ d_out[a:b]
+    return out, d_lhs, d_rhs
+
+
+@functools.partial(jax.jit, static_argnames="impl")
+def _ragged_vjp(lhs, rhs, sizes, d_out, impl):
+    out, vjp = jax.vjp(lambda a, b: ragged_dot(a, b, sizes, implementation=impl), lhs, rhs)
+    return (out, *vjp(d_out.astype(out.dtype)))
+
+
+@functools.partial(jax.jit, static_argnames="impl")
+def _tgmm_vjp(lhs, rhs, sizes, d_out, impl):
+    out, vjp = jax.vjp(lambda a, b: tgmm(a, b, sizes, implementation=impl), lhs, rhs)
+    return (out, *vjp(d_out.astype(out.dtype)))
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    shape=st.sampled_from(RAGGED_SHAPES),
+    dtype=st.sampled_from(DTYPES),
+    kind=st.sampled_from(GROUP_KINDS),
+    tail=st.sampled_from([0, 0, 1, 5]),
+    impl=st.sampled_from(["pallas_triton", "pallas_triton", "xla"]),
+)
+def test_ragged_dot_matches_float64(seed, shape, dtype, kind, tail, impl):
+    """ragged_dot forward, d lhs and d rhs against float64, with rows past the groups (tail)."""
+    if _out_of_time():
+        return
+    with _Example("test_ragged_dot_matches_float64", seed=seed, shape=shape, dtype=dtype,
+                  kind=kind, tail=tail, impl=impl):
+        m, k, n, g = shape
+        rng = np.random.default_rng(seed)
+        sizes = _group_sizes(rng, kind, g, max(m - tail, 0))
+        (lhs, lhs64), (rhs, rhs64) = _values(rng, (m, k), dtype), _values(rng, (g, k, n), dtype, k**-0.5)
+        d_out, d_out64 = _values(rng, (m, n), dtype)
+        got = _ragged_vjp(lhs, rhs, jnp.asarray(sizes), d_out, impl)
+        want = _ragged64(lhs64, rhs64, sizes, d_out64)
+        for name, a, b, tol in zip(("out", "d_lhs", "d_rhs"), got, want, (TOL, GRAD_TOL, GRAD_TOL)):
+            assert a.shape == b.shape and a.dtype == dtype, name
+            assert _rel_err(a, b) < tol[dtype], (name, _rel_err(a, b))
+        assert not np.asarray(got[0][sizes.sum():], np.float32).any(), "rows past the groups"
+        assert not np.asarray(got[2][sizes == 0], np.float32).any(), "empty groups' d_rhs"
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    shape=st.sampled_from(RAGGED_SHAPES),
+    dtype=st.sampled_from(DTYPES),
+    kind=st.sampled_from(GROUP_KINDS),
+    tail=st.sampled_from([0, 0, 3]),
+)
+def test_tgmm_matches_float64(seed, shape, dtype, kind, tail):
+    """tgmm (= ragged_dot's d rhs) forward and its gradients against float64."""
+    if _out_of_time():
+        return
+    with _Example("test_tgmm_matches_float64", seed=seed, shape=shape, dtype=dtype, kind=kind,
+                  tail=tail):
+        m, k, n, g = shape
+        rng = np.random.default_rng(seed)
+        sizes = _group_sizes(rng, kind, g, max(m - tail, 0))
+        (lhs, lhs64), (rhs, rhs64) = _values(rng, (m, k), dtype), _values(rng, (m, n), dtype)
+        d_out, d_out64 = _values(rng, (g, k, n), dtype)
+        out, d_lhs, d_rhs = _tgmm_vjp(lhs, rhs, jnp.asarray(sizes), d_out, "pallas_triton")
+        want_out, want_dl, want_dr = np.zeros((g, k, n)), np.zeros_like(lhs64), np.zeros_like(rhs64)
+        for grp, a, b in _segments(sizes):
+            want_out[grp] = lhs64[a:b].T @ rhs64[a:b]
+            want_dl[a:b] = rhs64[a:b] @ d_out64[grp].T
+            want_dr[a:b] = lhs64[a:b] @ d_out64[grp]
+        assert _rel_err(out, want_out) < TOL[dtype], _rel_err(out, want_out)
+        assert _rel_err(d_lhs, want_dl) < GRAD_TOL[dtype]
+        assert _rel_err(d_rhs, want_dr) < GRAD_TOL[dtype]
+        assert not np.asarray(out[sizes == 0], np.float32).any(), "empty groups"
+
+
+def _epilogue64(lhs, rhs, sizes, row_index, bias, activation, row_scale):
+    """float64 gmm with gather, bias, GLU and row scale (rows past the groups are zero)."""
+    from moe_pallas.activations import glu, split_gate_up
+
+    x = lhs[row_index] if row_index is not None else lhs
+    n = rhs.shape[2] // 2 if activation else rhs.shape[2]
+    out = np.zeros((x.shape[0], n))
+    for g, a, b in _segments(sizes):
+        h = x[a:b] @ rhs[g] + (bias[g] if bias is not None else 0)
+        if activation:
+            h = np.asarray(glu(*split_gate_up(jnp.asarray(h), activation), activation))
+        out[a:b] = h * (row_scale[a:b, None] if row_scale is not None else 1)
+    return out
+
+
+@functools.partial(jax.jit, static_argnames=("activation", "config"))
+def _gmm_jit(lhs, rhs, sizes, row_index, bias, row_scale, activation, config):
+    return gmm(lhs, rhs, sizes, lhs_row_index=row_index, bias=bias, activation=activation,
+               row_scale=row_scale, config=config)
+
+
+EPILOGUES = [  # (gather, bias, row_scale, activation)
+    (False, False, False, None), (True, True, False, "gptoss"), (False, True, True, None),
+    (True, False, True, "swiglu"),
+]
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    shape=st.sampled_from(RAGGED_SHAPES),
+    kind=st.sampled_from(GROUP_KINDS),
+    epilogue=st.sampled_from(EPILOGUES),
+    block=st.sampled_from([16, 32] if not ON_GPU else [16, 64, 128]),
+)
+def test_gmm_epilogues_match_float64(seed, shape, kind, epilogue, block):
+    """The fused path's gmm: in-kernel row gather, bias, GLU and row scale, small block configs."""
+    if _out_of_time():
+        return
+    with _Example("test_gmm_epilogues_match_float64", seed=seed, shape=shape, kind=kind,
+                  epilogue=epilogue, block=block):
+        m, k, n, g = shape
+        gather, has_bias, has_scale, activation = epilogue
+        rng = np.random.default_rng(seed)
+        sizes = _group_sizes(rng, kind, g, m)
+        dtype = jnp.float32
+        lhs, lhs64 = _values(rng, (max(m // 2, 1) if gather else m, k), dtype)
+        rhs, rhs64 = _values(rng, (g, k, 2 * n), dtype, k**-0.5)
+        row_index = rng.integers(0, lhs.shape[0], m).astype(np.int32) if gather else None
+        bias, bias64 = _values(rng, (g, 2 * n), dtype) if has_bias else (None, None)
+        scale, scale64 = _values(rng, (m,), dtype) if has_scale else (None, None)
+        cfg = BlockConfig(block, block, block, group_m=2, num_warps=4, num_stages=2)
+        got = _gmm_jit(lhs, rhs, jnp.asarray(sizes), row_index, bias, scale, activation, cfg)
+        want = _epilogue64(lhs64, rhs64, sizes, row_index, bias64, activation, scale64)
+        assert _rel_err(got, want) < TOL[dtype], _rel_err(got, want)
+
+
+def _routing(rng, kind, tokens, experts, top_k):
+    """topk_idx [T, k] of the kind (ids may repeat within a token; "masked" has ids out of
+    range, which contribute zero) and positive weights."""
+    if kind == "hot":
+        idx = rng.integers(0, experts, (tokens, top_k))
+        idx[:, 0] = rng.integers(experts)
+    elif kind == "few":
+        idx = rng.choice(rng.choice(experts, 2), (tokens, top_k))
+    elif kind == "zipf":
+        p = rng.permutation(1.0 / np.arange(1, experts + 1) ** 1.5)
+        idx = rng.choice(experts, (tokens, top_k), p=p / p.sum())
+    else:
+        idx = rng.integers(0, experts, (tokens, top_k))
+    if kind == "masked":
+        masked = rng.random(idx.shape) < 0.25
+        idx[masked] = rng.choice([-1, experts, experts + 7], masked.sum())
+    return idx.astype(np.int32), (rng.random((tokens, top_k)) + 0.1).astype(np.float32)
+
+
+@functools.partial(jax.jit, static_argnames=("activation", "impl"))
+def _experts_grads(x, idx, w, params, d_out, activation, impl):
+    f = lambda x, w, p: moe_experts(x, idx, w, p, activation=activation, implementation=impl)
+    out, vjp = jax.vjp(f, x, w, params)
+    return out, vjp(d_out.astype(out.dtype))
+
+
+@functools.partial(jax.jit, static_argnames="activation")
+def _reference_grads(x, idx, w, params, d_out, activation):
+    f = lambda x, w, p: moe_experts_reference(x, idx, w, p, activation=activation, dtype=jnp.float64)
+    out, vjp = jax.vjp(f, x, w, params)
+    return out, vjp(d_out)
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    shape=st.sampled_from(EXPERT_SHAPES),
+    dtype=st.sampled_from(DTYPES),
+    activation=st.sampled_from(["swiglu", "gptoss"]),
+    kind=st.sampled_from(ROUTING_KINDS),
+)
+def test_moe_experts_matches_float64(seed, shape, dtype, activation, kind):
+    """The fused block (pallas_triton): out and the gradients of x, topk_weight and every param."""
+    if _out_of_time():
+        return
+    with _Example("test_moe_experts_matches_float64", seed=seed, shape=shape, dtype=dtype,
+                  activation=activation, kind=kind):
+        tokens, hidden, inter, experts, top_k = shape
+        rng = np.random.default_rng(seed)
+        idx, w = _routing(rng, kind, tokens, experts, top_k)
+        x, x64 = _values(rng, (tokens, hidden), dtype)
+        params, params64 = {}, {}
+        specs = {"w_gate_up": ((experts, hidden, 2 * inter), hidden**-0.5),
+                 "w_down": ((experts, inter, hidden), inter**-0.5)}
+        if activation == "gptoss":  # biases big enough that the clamps at ±7 bite at times
+            specs |= {"b_gate_up": ((experts, 2 * inter), 2.0), "b_down": ((experts, hidden), 1.0)}
+        for name, (s, scale) in specs.items():
+            params[name], params64[name] = _values(rng, s, dtype, scale)
+        d_out, d_out64 = _values(rng, (tokens, hidden), dtype)
+        out, (dx, dw, dp) = _experts_grads(x, idx, jnp.asarray(w), params, d_out, activation,
+                                           "pallas_triton")
+        with jax.enable_x64(True):
+            ref_out, (rdx, rdw, rdp) = _reference_grads(
+                x64, idx, np.float64(w), params64, d_out64, activation
+            )
+            ref_out, rdx, rdw, rdp = jax.tree.map(np.asarray, (ref_out, rdx, rdw, rdp))
+        assert out.dtype == dtype and _rel_err(out, ref_out) < TOL[dtype], _rel_err(out, ref_out)
+        grads = {"x": (dx, rdx), "topk_weight": (dw, rdw)}
+        grads |= {name: (dp[name], rdp[name]) for name in params}
+        for name, (a, b) in grads.items():
+            assert _rel_err(a, b) < GRAD_TOL[dtype], (name, _rel_err(a, b))
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    num_groups=st.integers(1, 300),
+    rows=st.integers(1, 5000),
+    block_m=st.sampled_from([16, 32, 64, 128]),
+    kind=st.sampled_from(GROUP_KINDS),
+    tail=st.integers(0, 40),
+)
+def test_tile_schedule_covers_each_row_once(seed, num_groups, rows, block_m, kind, tail):
+    """Every row lies in exactly one used visit, inside one m-tile and inside its own group."""
+    if _out_of_time():
+        return
+    with _Example("test_tile_schedule_covers_each_row_once", seed=seed, num_groups=num_groups,
+                  rows=rows, block_m=block_m, kind=kind, tail=tail):
+        rng = np.random.default_rng(seed)
+        sizes = _group_sizes(rng, kind, num_groups, max(rows - tail, 0))
+        s = jax.tree.map(np.asarray, dispatch.tile_schedule(jnp.asarray(sizes), rows, block_m))
+        row_group = np.append(np.repeat(np.arange(num_groups), sizes), [num_groups] * (rows - sizes.sum()))
+        covered = np.zeros(rows, np.int64)
+        for grp, m0, a, b in zip(s.group, s.m_start, s.row_start, s.row_end):
+            if a == b:
+                continue
+            assert m0 % block_m == 0 and m0 <= a < b <= min(m0 + block_m, rows)
+            assert (row_group[a:b] == grp).all()
+            covered[a:b] += 1
+        assert (covered == 1).all()
+
