@@ -4,12 +4,17 @@ Rows m in [0, M = T·k) are the (token, slot) pairs sorted by expert (`dispatch.
 row_token[m] is the source token, row_weight[m] its routing weight, pair_row[t, j] the row of
 token t's slot j; rows with an out-of-range expert id sort last, past every group, and give zero.
 
-Forward, no gradient (the primal: 3 kernels, no [M, 2I] tensor in memory):
-    a   = gmm(x, w_gate_up, lhs_row_index=row_token, bias=b_gate_up, activation)   [M, I]
-    y   = gmm(a, w_down, bias=b_down, row_scale=row_weight)                            [M, H]
+Forward (4 kernels and one XLA elementwise pass; the primal and the fwd rule are the same code):
+    h   = gmm(x, w_gate_up, lhs_row_index=row_token, bias=b_gate_up)      [M, 2I]  x's dtype
+    a   = glu(h) (XLA, float32 math)                                         [M, I]   x's dtype
+    y   = gmm(a, w_down, bias=b_down, row_scale=row_weight)                  [M, H]   x's dtype
     out = combine(y, pair_row)          out[t] = Σ_j y[pair_row[t, j]], float32, j ascending
-Forward under differentiation (the fwd rule): the gate_up kernel stores the pre-activation h
-[M, 2I] instead (x's dtype), and XLA applies the activation, since the backward needs h.
+gmm's GLU epilogue (`activation=`) would skip the h round trip (M·2I elements written and read,
+about 0.1 ms at gpt-oss T = 2048), but measured on the H200 (2026-11-30, see
+benchmarks/results/layer_2026-11-30_h200.md) it is not usable yet: on gpt-oss's interleaved
+columns it took 14.6 ms against 2.1 ms + 0.06 ms for h + XLA glu (stride-2 weight gathers are not
+pipelined), and on SwiGLU's halves at the large block config it needs 240 KiB of shared memory
+(limit 227 KiB) and fails to compile. Switch back once gmm's epilogue is fixed and timed.
 
 Residuals, chosen for memory: h [M, 2I] in x's dtype and the int32 routing metadata; x, the params
 and topk_weight are inputs the caller keeps anyway. Not saved: a (recomputed from h in `dlhs_glu`),
@@ -26,9 +31,12 @@ Backward (g[m] = dout[t] @ w_down[e]ᵀ, never stored; e the row's expert):
 Per-expert sums are one-hot matmuls, and dw's per-tile partials are summed by XLA: no scatter
 atomics anywhere, so forward and backward are bitwise reproducible run to run.
 
-Precision: matmuls accumulate in float32. bf16 inputs multiply in bf16; float32 inputs run the
-Pallas dots in TF32 on GPU tensor cores (10-bit mantissa): relative error of out and of the
-gradients about 1e-3 (tests bound it by 5e-3), against about 4e-3 for bf16 inputs.
+Precision: matmuls accumulate in float32; h, a, y and the backward's row tensors are stored in x's
+dtype (so float32 inputs keep a float32 h). bf16 inputs: relative error of out about 3e-3 against
+a float32 oracle (measured on the H200 at full gpt-oss/SwiGLU shapes, T = 1..256). float32 inputs
+run the Pallas dots in TF32 on GPU tensor cores (unit roundoff 2^-11): expected about 1e-3; the
+`gpu` tests bound out and gradients by 5e-3 (not yet confirmed on the H200). On CPU (interpret
+mode) float32 is exact float32 arithmetic.
 """
 
 import functools
@@ -61,30 +69,22 @@ def _group_sum(rows, row_expert, num_experts):
     return jnp.einsum("me,mn->en", one_hot, rows, preferred_element_type=jnp.float32, precision=_HI)
 
 
-def _down_and_combine(a, params, d, row_weight, top_k, out_dtype):
-    y = gmm(a, params["w_down"], d.group_sizes, bias=params.get("b_down"), row_scale=row_weight)
-    return combine(y, d.pair_row.reshape(-1, top_k), out_dtype=out_dtype)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused(activation, x, topk_idx, topk_weight, params):
-    d, _, row_weight = _routing(topk_idx, topk_weight, params["w_gate_up"].shape[0])
-    a = gmm(
-        x, params["w_gate_up"], d.group_sizes, lhs_row_index=d.row_token,
-        bias=params.get("b_gate_up"), activation=activation,
-    )
-    return _down_and_combine(a, params, d, row_weight, topk_idx.shape[1], x.dtype)
-
-
-def _fused_fwd(activation, x, topk_idx, topk_weight, params):
+def _forward(activation, x, topk_idx, topk_weight, params):
+    """(out, residuals for `_fused_bwd`)."""
     d, row_expert, row_weight = _routing(topk_idx, topk_weight, params["w_gate_up"].shape[0])
     h = gmm(
         x, params["w_gate_up"], d.group_sizes, lhs_row_index=d.row_token,
         bias=params.get("b_gate_up"),
     )
     a = glu(*split_gate_up(h.astype(jnp.float32), activation), activation).astype(x.dtype)
-    out = _down_and_combine(a, params, d, row_weight, topk_idx.shape[1], x.dtype)
+    y = gmm(a, params["w_down"], d.group_sizes, bias=params.get("b_down"), row_scale=row_weight)
+    out = combine(y, d.pair_row.reshape(topk_idx.shape), out_dtype=x.dtype)
     return out, (x, topk_idx, topk_weight, params, d, row_expert, row_weight, h)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused(activation, x, topk_idx, topk_weight, params):
+    return _forward(activation, x, topk_idx, topk_weight, params)[0]
 
 
 def _fused_bwd(activation, residuals, dout):
@@ -121,7 +121,7 @@ def _fused_bwd(activation, residuals, dout):
     return dx, None, d_topk_weight, grads
 
 
-_fused.defvjp(_fused_fwd, _fused_bwd)
+_fused.defvjp(_forward, _fused_bwd)
 
 
 def fused_experts(x, topk_idx, topk_weight, params, activation):
