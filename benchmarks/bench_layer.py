@@ -5,13 +5,16 @@
                                      [--breakdown gptoss:2048,swiglu256:2048] [--out FILE.json]
 
 The suites are `python -m benchmarks.run`'s job; this script adds what it does not time: fwd+bwd
-at the large token counts, the measured peak device memory of the first case (run it in a fresh
-process: jax's peak counter never resets) against weights + grads + inputs + residuals
-(`moe_pallas.fused`: h [T·k, 2I] in x's dtype), and the time of each kernel of the fused path.
+at the large token counts, the memory of one fwd+bwd step (XLA's compiled memory analysis:
+arguments + outputs + temporaries) against weights + grads + inputs + residuals
+(`moe_pallas.fused`: h [T·k, 2I] in x's dtype), the time of each kernel of the fused path, and a
+few dlhs_glu tiles. (Not jax's peak_bytes_in_use: the runner's timing loop keeps up to three
+steps' outputs alive, which tripled the gradients in the first H200 run.)
 Timing: `benchmarks.run.measure` (warm-up, then median of blocking batched samples).
 """
 
 import argparse
+import functools
 import json
 import sys
 
@@ -25,6 +28,7 @@ from benchmarks import sol as _sol
 from moe_pallas import dispatch as _dispatch
 from moe_pallas import fused
 from moe_pallas.activations import glu, split_gate_up
+from moe_pallas.kernels import BlockConfig
 from moe_pallas.kernels.combine import combine
 from moe_pallas.kernels.dlhs_glu import dlhs_glu
 from moe_pallas.kernels.gmm import gmm
@@ -74,9 +78,9 @@ def _stage_fns(activation, inputs):
         "down+bias+weight": (lambda a, w: gmm(a, w, d.group_sizes, bias=p.get("b_down"),
                                               row_scale=row_weight), (a, p["w_down"])),
         "combine": (lambda y: combine(y, pair_row), (y,)),
-        "bwd dlhs_glu": (lambda dout, w: dlhs_glu(dout, w, h, d.group_sizes, row_token=d.row_token,
-                                                  row_weight=row_weight, activation=activation),
-                         (dout, p["w_down"])),
+        "bwd dlhs_glu": (lambda dout, w, config=None: dlhs_glu(
+            dout, w, h, d.group_sizes, row_token=d.row_token, row_weight=row_weight,
+            activation=activation, config=config), (dout, p["w_down"])),
         "bwd dy gather": (lambda dout: (dout[d.row_token].astype(jnp.float32)
                                         * row_weight[:, None]).astype(x.dtype), (dout,)),
         "bwd tgmm w_down": (lambda a, dy: tgmm(a, dy, d.group_sizes), (a, y)),
@@ -88,14 +92,36 @@ def _stage_fns(activation, inputs):
     }
 
 
+# dlhs_glu tiles to compare (its epilogue keeps ~6 [block_m, block_n] float32 tiles live).
+DLHS_CONFIGS = (
+    BlockConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3),
+    BlockConfig(64, 128, 64, group_m=8, num_warps=8, num_stages=3),
+    BlockConfig(64, 64, 64, group_m=8, num_warps=4, num_stages=3),
+    BlockConfig(128, 64, 64, group_m=8, num_warps=8, num_stages=4),
+)
+
+
+def _time(fn, args, budget) -> float:
+    compiled = jax.jit(fn).lower(*args).compile()
+    prep = _impls.Prepared(lambda: compiled(*args), jax.block_until_ready, None, 0.0, lambda o: None)
+    return _run.measure(prep, budget)[0] * 1e3
+
+
 def breakdown(case: _cases.Case, inputs: dict, budget: float) -> dict:
+    """Milliseconds of each stage of the fused path (or the error that stopped it)."""
+    stages = _stage_fns(case.workload.activation, inputs)
+    fn, args = stages["bwd dlhs_glu"]
+    for cfg in DLHS_CONFIGS:
+        name = f"bwd dlhs_glu {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
+        stages[name] = (functools.partial(fn, config=cfg), args)
     out = {}
-    for name, (fn, args) in _stage_fns(case.workload.activation, inputs).items():
-        compiled = jax.jit(fn).lower(*args).compile()
-        prep = _impls.Prepared(lambda c=compiled, a=args: c(*a), jax.block_until_ready, None, 0.0,
-                               lambda o: None)
-        out[name] = _run.measure(prep, budget)[0] * 1e3
-        print(f"  {case.workload.name} T={case.tokens} {name:24s} {out[name]:8.3f} ms", flush=True)
+    for name, (fn, args) in stages.items():
+        try:
+            out[name] = _time(fn, args, budget)
+            shown = f"{out[name]:8.3f} ms"
+        except Exception as err:  # noqa: BLE001 - a failing stage is a result
+            out[name] = shown = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:120]}"
+        print(f"  {case.workload.name} T={case.tokens} {name:36s} {shown}", flush=True)
     return out
 
 
@@ -122,16 +148,18 @@ def main(argv=None):
             params = _cases.make_params(case.workload)
             params_of = name
         rows = _run.run_case(case, args.impls.split(","), params, device, args.budget)
-        if i == 0 and mode == "train" and jax.default_backend() == "gpu":
-            peak = jax.devices()[0].memory_stats()["peak_bytes_in_use"]
+        if mode == "train":
             budget = memory_budget(case, params)
-            rows[0]["memory"] = {**budget, "peak_in_use": peak, "peak_over_budget": peak / budget["total"]}
+            for r in rows:
+                if r.get("peak_mem_gib"):
+                    r["memory"] = {**budget, "over_budget": r["peak_mem_gib"] * 2**30 / budget["total"]}
         for r in rows:
             print(f"{r['case']:28s} {r['impl']:26s} {r['status']:6s} "
                   f"{r.get('time_ms') or float('nan'):9.3f} ms  SOL {r['sol_ms']:7.3f} ms  "
                   f"{r.get('pct_sol') or 0:5.1f}% SOL  rel_err {r.get('rel_err')}  "
-                  f"{r.get('memory', '')} {r['message']}", flush=True)
+                  f"mem {r.get('peak_mem_gib')} GiB {r.get('memory', '')} {r['message']}", flush=True)
         results["cases"] += rows
+        _write(args.out, results)
     for spec in (s for s in args.breakdown.split(",") if s):
         name, tokens = spec.split(":")
         case = _cases.Case("layer", workloads[name], int(tokens), "train")
@@ -140,10 +168,15 @@ def main(argv=None):
             params = _cases.make_params(case.workload)
             params_of = name
         results["breakdown"][case.name] = breakdown(case, _run._inputs(case, params), args.budget)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1, default=str)
+        _write(args.out, results)
     return results
+
+
+def _write(path, results) -> None:
+    """Rewritten after every case, so a crash or a timeout keeps what was measured."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1, default=str)
 
 
 if __name__ == "__main__":
