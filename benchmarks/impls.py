@@ -7,7 +7,7 @@ activation → down → combine), "train" cases its forward + backward (gradient
 routing weights); gmm/tgmm cases time one grouped matmul.
 
   moe_pallas:<backend>  `moe_pallas.moe_experts(..., implementation=backend)`; gmm cases use
-                        `moe_pallas.ragged_dot` / `moe_pallas.tgmm` once they exist.
+                        `moe_pallas.ragged_dot` / `moe_pallas.tgmm`.
   jax.lax.ragged_dot    our "xla" backend: jax.lax.ragged_dot (on GPU a dense masked matmul).
   tokamax               the same glue around `tokamax.ragged_dot(implementation="mosaic")`.
   torch._grouped_mm     the same glue in PyTorch around `torch._grouped_mm`, combine by index_add_.
@@ -117,19 +117,16 @@ def _jax_case(case: Case, inputs: dict, layer, ragged_dot) -> Prepared:
 def _ours(backend: str):
     def prepare(case: Case, inputs: dict) -> Prepared:
         activation = case.workload.activation
-        if case.mode in ("gmm", "tgmm"):
-            op = getattr(moe_pallas, "ragged_dot" if case.mode == "gmm" else "tgmm", None)
-            if op is None:
-                raise Skip(f"moe_pallas has no {case.mode} op yet (moe_pallas/ops.py)")
-            if case.mode == "gmm":
-                return _prepare_jax(
-                    lambda lhs, rhs, gs: op(
-                        lhs, rhs, gs, implementation=backend, preferred_element_type=jnp.float32
-                    ),
-                    (inputs["lhs"], inputs["rhs"], inputs["group_sizes"]),
-                )
+        if case.mode == "gmm":
             return _prepare_jax(
-                lambda lhs, dy, gs: op(lhs, dy, gs, implementation=backend),
+                lambda lhs, rhs, gs: moe_pallas.ragged_dot(
+                    lhs, rhs, gs, implementation=backend, preferred_element_type=jnp.float32
+                ),
+                (inputs["lhs"], inputs["rhs"], inputs["group_sizes"]),
+            )
+        if case.mode == "tgmm":
+            return _prepare_jax(
+                lambda lhs, dy, gs: moe_pallas.tgmm(lhs, dy, gs, implementation=backend),
                 (inputs["lhs"], inputs["dy"], inputs["group_sizes"]),
             )
         try:
