@@ -51,9 +51,6 @@ from moe_pallas.kernels.dlhs_glu import dlhs_glu
 from moe_pallas.kernels.gmm import gmm
 from moe_pallas.kernels.tgmm import tgmm
 
-_HI = jax.lax.Precision.HIGHEST
-
-
 def _routing(topk_idx, topk_weight, num_experts):
     """Sorted-row metadata: (dispatch, row_expert [M] with E for masked rows, row_weight [M] f32)."""
     d = _dispatch.dispatch(topk_idx, num_experts)
@@ -63,10 +60,19 @@ def _routing(topk_idx, topk_weight, num_experts):
     return d, row_expert, row_weight
 
 
+def _precision(dtype):
+    """HIGHEST keeps float32 operands off TF32; for bf16 (exact products) it would make XLA upcast
+    the operands to float32 copies."""
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype).itemsize >= 4 else None
+
+
 def _group_sum(rows, row_expert, num_experts):
     """`[E, N]` float32 per-expert sums of `rows [M, N]` as a one-hot matmul (deterministic)."""
     one_hot = jax.nn.one_hot(row_expert, num_experts, dtype=rows.dtype)
-    return jnp.einsum("me,mn->en", one_hot, rows, preferred_element_type=jnp.float32, precision=_HI)
+    return jnp.einsum(
+        "me,mn->en", one_hot, rows, preferred_element_type=jnp.float32,
+        precision=_precision(rows.dtype),
+    )
 
 
 def _forward(activation, x, topk_idx, topk_weight, params):
@@ -109,7 +115,8 @@ def _fused_bwd(activation, residuals, dout):
         grads["b_down"] = _group_sum(dy, row_expert, num_experts).astype(params["b_down"].dtype)
         # <dout[t], b_down[e]> for every (token, expert), then picked per row.
         bias_dot = jnp.einsum(
-            "th,eh->te", dout, params["b_down"], preferred_element_type=jnp.float32, precision=_HI
+            "th,eh->te", dout, params["b_down"], preferred_element_type=jnp.float32,
+            precision=_precision(dout.dtype),
         )
         row_valid = row_expert < num_experts
         dw_rows = dw_rows + jnp.where(
