@@ -8,6 +8,7 @@ load is uniform-ish; the SOL counts the experts this routing actually hits.
 """
 
 import dataclasses
+import functools
 from typing import Literal
 
 import jax
@@ -123,10 +124,14 @@ def make_params(workload: Workload, dtype=jnp.bfloat16, seed: int = 0) -> dict[s
 
 def make_tokens(case: Case, dtype=jnp.bfloat16):
     """(x [T, H], topk_idx [T, k] int32, topk_weight [T, k] float32) of a case, from its seed."""
-    w = case.workload
-    kx, kl = jax.random.split(jax.random.key(case.seed))
-    x = jax.random.normal(kx, (case.tokens, w.hidden), dtype)
-    logits = jax.random.normal(kl, (case.tokens, w.experts), jnp.float32)
+    return _tokens(jax.random.key(case.seed), case.tokens, case.workload, jnp.dtype(dtype))
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))  # one compile per case, not one per op
+def _tokens(key, tokens: int, w: Workload, dtype):
+    kx, kl = jax.random.split(key)
+    x = jax.random.normal(kx, (tokens, w.hidden), dtype)
+    logits = jax.random.normal(kl, (tokens, w.experts), jnp.float32)
     topk_idx, topk_weight, _ = route(
         logits, w.top_k, method=w.router, renormalize=w.router == "softmax_topk"
     )

@@ -323,6 +323,11 @@ def main(argv: list[str] | None = None) -> Path:
         default=None,
         help="seconds; cases not started by then are recorded as skipped",
     )
+    parser.add_argument(
+        "--append",
+        action="store_true",
+        help="add to --out's results.json (rows of re-run cases are replaced): one suite per call",
+    )
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)
 
@@ -366,6 +371,11 @@ def main(argv: list[str] | None = None) -> Path:
     out_dir = args.out or RESULTS / f"{now:%Y-%m-%d}_{slug}{'_small' if args.small else ''}"
 
     rows, params, params_of, start = [], None, None, time.monotonic()
+    if args.append and (out_dir / "results.json").exists():
+        earlier = json.loads((out_dir / "results.json").read_text())
+        names = {c.name for c in case_list}
+        rows = [r for r in earlier["rows"] if r["case"] not in names]
+        meta["command"] = f"{earlier['meta']['command']} && {meta['command']}"
     first_of_suite = {}
     for case in case_list:
         first_of_suite.setdefault(case.suite, case)

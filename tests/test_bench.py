@@ -183,3 +183,20 @@ def test_readme_section_replaces_only_the_marked_block(tmp_path):
     page.write_text("no markers")
     with pytest.raises(ValueError, match="markers"):
         readme.update(folder, page)
+
+
+def test_append_adds_a_suite_to_an_earlier_run(tmp_path):
+    common = [
+        "--small",
+        "--impls",
+        "jax.lax.ragged_dot",
+        "--budget",
+        "0.01",
+        "--out",
+        str(tmp_path),
+    ]
+    run.main(["--suite", "gmm", "--tokens", "16", "--no-plots", *common])
+    run.main(["--suite", "train", "--tokens", "16", "--no-plots", "--append", *common])
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert [s["suite"] for s in data["summary"]] == ["gmm", "train"]
+    assert data["meta"]["command"].count("&&") == 1
