@@ -32,7 +32,7 @@ from moe_pallas.kernels import BlockConfig, gmm
 from moe_pallas.reference import moe_experts_reference
 
 ON_GPU = jax.default_backend() == "gpu"
-_COMMON = dict(deadline=None, derandomize=False, suppress_health_check=list(HealthCheck))
+_COMMON = {"deadline": None, "derandomize": False, "suppress_health_check": list(HealthCheck)}
 settings.register_profile("ci", max_examples=60, **_COMMON)
 settings.register_profile("long", max_examples=10_000, database=None, **_COMMON)
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")  # conftest sets "long" for --long

@@ -6,14 +6,20 @@ sizes, NaN/Inf propagation, T = 0, run-time checks under `debug_checks()`, and t
 `moe_experts` holding no O(T·k·E) intermediate or per-row copy of expert weights.
 """
 
+import inspect
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import moe_pallas
-from moe_pallas import moe_experts, ragged_dot, tgmm
+from moe_pallas import fused, moe_experts, ragged_dot, tgmm
 from moe_pallas.kernels import gmm
+
+# Known defect while fused._group_sum sums bias gradients as one_hot[M, E] @ rows: strict xfails
+# that turn into plain tests (which must pass) once it stops building the one-hot.
+ONE_HOT_GROUP_SUM = "one_hot" in inspect.getsource(fused._group_sum)
 
 IMPLS = ["pallas_triton", "xla"]
 SDS = jax.ShapeDtypeStruct
@@ -275,6 +281,7 @@ def test_nonfinite_weights_of_an_unused_expert_do_not_leak():
         pytest.param(
             "pallas_triton",
             marks=pytest.mark.xfail(
+                ONE_HOT_GROUP_SUM,
                 strict=True,
                 reason="fused._group_sum sums bias gradients as one_hot[M, E] @ rows: 0 * NaN "
                 "spreads one row's NaN to every expert's b_gate_up / b_down gradient",
@@ -343,7 +350,7 @@ def _offending(aval):
 def _bias_xfail(impl, activation, grad):
     if impl == "pallas_triton" and activation == "gptoss" and grad:
         return pytest.mark.xfail(
-            strict=True, reason="fused._group_sum builds one_hot(row_expert, E): [T·k, E]"
+            ONE_HOT_GROUP_SUM, strict=True, reason="fused._group_sum builds one_hot(row_expert, E): [T·k, E]"
         )
     return ()
 
