@@ -88,7 +88,7 @@ def _stage_fns(activation, inputs):
                                (x, h)),
         "bwd dx gmm_t": (lambda dh, w: gmm(dh, w, d.group_sizes, transpose_rhs=True),
                          (h, p["w_gate_up"])),
-        "bwd group sums": (lambda dh: fused._group_sum(dh, row_expert, e), (h,)),
+        "bwd group sums": (lambda dh: fused._group_sum(dh, d.group_sizes), (h,)),
     }
 
 
