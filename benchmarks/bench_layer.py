@@ -59,35 +59,77 @@ def _stage_fns(activation, inputs):
     """The kernels of the fused path as separate jitted calls, on the case's real routing."""
     x, idx, tw, p = (inputs[k] for k in ("x", "topk_idx", "topk_weight", "params"))
     e = p["w_gate_up"].shape[0]
-    d, row_expert, row_weight = fused._routing(idx, tw, e)
-    a = gmm(x, p["w_gate_up"], d.group_sizes, lhs_row_index=d.row_token,
-            bias=p.get("b_gate_up"), activation=activation)
+    d, _, row_weight = fused._routing(idx, tw, e)
+    a = gmm(
+        x,
+        p["w_gate_up"],
+        d.group_sizes,
+        lhs_row_index=d.row_token,
+        bias=p.get("b_gate_up"),
+        activation=activation,
+    )
     h = gmm(x, p["w_gate_up"], d.group_sizes, lhs_row_index=d.row_token, bias=p.get("b_gate_up"))
     y = gmm(a, p["w_down"], d.group_sizes, bias=p.get("b_down"), row_scale=row_weight)
     dout = inputs["dout"].astype(x.dtype)
     pair_row = d.pair_row.reshape(idx.shape)
     return {
         "dispatch": (lambda idx: _dispatch.dispatch(idx, e), (idx,)),
-        "gate_up+act": (lambda x, w: gmm(x, w, d.group_sizes, lhs_row_index=d.row_token,
-                                         bias=p.get("b_gate_up"), activation=activation),
-                        (x, p["w_gate_up"])),
-        "gate_up (h, train fwd)": (lambda x, w: gmm(x, w, d.group_sizes, lhs_row_index=d.row_token,
-                                                    bias=p.get("b_gate_up")), (x, p["w_gate_up"])),
-        "glu(h) xla": (lambda h: glu(*split_gate_up(h.astype(jnp.float32), activation),
-                                     activation).astype(h.dtype), (h,)),
-        "down+bias+weight": (lambda a, w: gmm(a, w, d.group_sizes, bias=p.get("b_down"),
-                                              row_scale=row_weight), (a, p["w_down"])),
+        "gate_up+act": (
+            lambda x, w: gmm(
+                x,
+                w,
+                d.group_sizes,
+                lhs_row_index=d.row_token,
+                bias=p.get("b_gate_up"),
+                activation=activation,
+            ),
+            (x, p["w_gate_up"]),
+        ),
+        "gate_up (h, train fwd)": (
+            lambda x, w: gmm(
+                x, w, d.group_sizes, lhs_row_index=d.row_token, bias=p.get("b_gate_up")
+            ),
+            (x, p["w_gate_up"]),
+        ),
+        "glu(h) xla": (
+            lambda h: glu(*split_gate_up(h.astype(jnp.float32), activation), activation).astype(
+                h.dtype
+            ),
+            (h,),
+        ),
+        "down+bias+weight": (
+            lambda a, w: gmm(a, w, d.group_sizes, bias=p.get("b_down"), row_scale=row_weight),
+            (a, p["w_down"]),
+        ),
         "combine": (lambda y: combine(y, pair_row), (y,)),
-        "bwd dlhs_glu": (lambda dout, w, config=None: dlhs_glu(
-            dout, w, h, d.group_sizes, row_token=d.row_token, row_weight=row_weight,
-            activation=activation, config=config), (dout, p["w_down"])),
-        "bwd dy gather": (lambda dout: (dout[d.row_token].astype(jnp.float32)
-                                        * row_weight[:, None]).astype(x.dtype), (dout,)),
+        "bwd dlhs_glu": (
+            lambda dout, w, config=None: dlhs_glu(
+                dout,
+                w,
+                h,
+                d.group_sizes,
+                row_token=d.row_token,
+                row_weight=row_weight,
+                activation=activation,
+                config=config,
+            ),
+            (dout, p["w_down"]),
+        ),
+        "bwd dy gather": (
+            lambda dout: (dout[d.row_token].astype(jnp.float32) * row_weight[:, None]).astype(
+                x.dtype
+            ),
+            (dout,),
+        ),
         "bwd tgmm w_down": (lambda a, dy: tgmm(a, dy, d.group_sizes), (a, y)),
-        "bwd tgmm w_gate_up": (lambda x, dh: tgmm(x, dh, d.group_sizes, lhs_row_index=d.row_token),
-                               (x, h)),
-        "bwd dx gmm_t": (lambda dh, w: gmm(dh, w, d.group_sizes, transpose_rhs=True),
-                         (h, p["w_gate_up"])),
+        "bwd tgmm w_gate_up": (
+            lambda x, dh: tgmm(x, dh, d.group_sizes, lhs_row_index=d.row_token),
+            (x, h),
+        ),
+        "bwd dx gmm_t": (
+            lambda dh, w: gmm(dh, w, d.group_sizes, transpose_rhs=True),
+            (h, p["w_gate_up"]),
+        ),
         "bwd group sums": (lambda dh: fused._group_sum(dh, d.group_sizes), (h,)),
     }
 
@@ -103,7 +145,9 @@ DLHS_CONFIGS = (
 
 def _time(fn, args, budget) -> float:
     compiled = jax.jit(fn).lower(*args).compile()
-    prep = _impls.Prepared(lambda: compiled(*args), jax.block_until_ready, None, 0.0, lambda o: None)
+    prep = _impls.Prepared(
+        lambda: compiled(*args), jax.block_until_ready, None, 0.0, lambda o: None
+    )
     return _run.measure(prep, budget)[0] * 1e3
 
 
@@ -126,8 +170,12 @@ def breakdown(case: _cases.Case, inputs: dict, budget: float) -> dict:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cases", default=DEFAULT_CASES, help="mode:workload:tokens, comma-separated")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--cases", default=DEFAULT_CASES, help="mode:workload:tokens, comma-separated"
+    )
     parser.add_argument("--impls", default="moe_pallas:pallas_triton")
     parser.add_argument("--breakdown", default="gptoss:2048,swiglu256:2048")
     parser.add_argument("--budget", type=float, default=0.3)
@@ -135,9 +183,14 @@ def main(argv=None):
     parser.add_argument("--small", action="store_true", help="tiny workloads (CPU smoke test)")
     args = parser.parse_args(argv)
     device = _sol.detect_device() or _sol.DEVICES["h200"]
-    results = {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
-               "command": " ".join(sys.argv), "commit": _run._git_commit(), "cases": [],
-               "breakdown": {}}
+    results = {
+        "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+        "command": " ".join(sys.argv),
+        "commit": _run._git_commit(),
+        "cases": [],
+        "breakdown": {},
+    }
     workloads = _cases.SMALL_WORKLOADS if args.small else _cases.WORKLOADS
     params, params_of = None, None
     for i, spec in enumerate(s for s in args.cases.split(",") if s):
@@ -152,12 +205,18 @@ def main(argv=None):
             budget = memory_budget(case, params)
             for r in rows:
                 if r.get("peak_mem_gib"):
-                    r["memory"] = {**budget, "over_budget": r["peak_mem_gib"] * 2**30 / budget["total"]}
+                    r["memory"] = {
+                        **budget,
+                        "over_budget": r["peak_mem_gib"] * 2**30 / budget["total"],
+                    }
         for r in rows:
-            print(f"{r['case']:28s} {r['impl']:26s} {r['status']:6s} "
-                  f"{r.get('time_ms') or float('nan'):9.3f} ms  SOL {r['sol_ms']:7.3f} ms  "
-                  f"{r.get('pct_sol') or 0:5.1f}% SOL  rel_err {r.get('rel_err')}  "
-                  f"mem {r.get('peak_mem_gib')} GiB {r.get('memory', '')} {r['message']}", flush=True)
+            print(
+                f"{r['case']:28s} {r['impl']:26s} {r['status']:6s} "
+                f"{r.get('time_ms') or float('nan'):9.3f} ms  SOL {r['sol_ms']:7.3f} ms  "
+                f"{r.get('pct_sol') or 0:5.1f}% SOL  rel_err {r.get('rel_err')}  "
+                f"mem {r.get('peak_mem_gib')} GiB {r.get('memory', '')} {r['message']}",
+                flush=True,
+            )
         results["cases"] += rows
         _write(args.out, results)
     for spec in (s for s in args.breakdown.split(",") if s):

@@ -51,6 +51,7 @@ from moe_pallas.kernels.dlhs_glu import dlhs_glu
 from moe_pallas.kernels.gmm import gmm
 from moe_pallas.kernels.tgmm import tgmm
 
+
 def _routing(topk_idx, topk_weight, num_experts):
     """Sorted-row metadata: (dispatch, row_expert [M] with E for masked rows, row_weight [M] f32)."""
     d = _dispatch.dispatch(topk_idx, num_experts)
@@ -82,7 +83,10 @@ def _forward(activation, x, topk_idx, topk_weight, params):
     """(out, residuals for `_fused_bwd`)."""
     d, row_expert, row_weight = _routing(topk_idx, topk_weight, params["w_gate_up"].shape[0])
     h = gmm(
-        x, params["w_gate_up"], d.group_sizes, lhs_row_index=d.row_token,
+        x,
+        params["w_gate_up"],
+        d.group_sizes,
+        lhs_row_index=d.row_token,
         bias=params.get("b_gate_up"),
     )
     a = glu(*split_gate_up(h.astype(jnp.float32), activation), activation).astype(x.dtype)
@@ -102,8 +106,13 @@ def _fused_bwd(activation, residuals, dout):
     num_experts = params["w_gate_up"].shape[0]
     dout = dout.astype(x.dtype)
     dh, a, dw_rows = dlhs_glu(
-        dout, params["w_down"], h, d.group_sizes,
-        row_token=d.row_token, row_weight=row_weight, activation=activation,
+        dout,
+        params["w_down"],
+        h,
+        d.group_sizes,
+        row_token=d.row_token,
+        row_weight=row_weight,
+        activation=activation,
     )
     dy = (dout[d.row_token].astype(jnp.float32) * row_weight[:, None]).astype(x.dtype)
     grads = {
@@ -118,7 +127,10 @@ def _fused_bwd(activation, residuals, dout):
         grads["b_down"] = _group_sum(dy, d.group_sizes).astype(params["b_down"].dtype)
         # <dout[t], b_down[e]> for every (token, expert), then picked per row.
         bias_dot = jnp.einsum(
-            "th,eh->te", dout, params["b_down"], preferred_element_type=jnp.float32,
+            "th,eh->te",
+            dout,
+            params["b_down"],
+            preferred_element_type=jnp.float32,
             precision=_precision(dout.dtype),
         )
         row_valid = row_expert < num_experts

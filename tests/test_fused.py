@@ -5,15 +5,14 @@ shapes. Interpret mode fills outputs with NaN before a kernel runs, and `_rel_er
 the tests also prove every output element is written.
 """
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import jax
-import jax.numpy as jnp
-
 from moe_pallas import moe_experts
-from moe_pallas.experts import resolve_implementation
 from moe_pallas.activations import glu, glu_bwd, merge_gate_up, split_gate_up
+from moe_pallas.experts import resolve_implementation
 from moe_pallas.kernels import BlockConfig
 from moe_pallas.kernels.combine import combine
 from moe_pallas.kernels.dlhs_glu import dlhs_glu
@@ -110,8 +109,14 @@ def test_dlhs_glu_against_float64(activation):
     row_weight = jnp.asarray(rng.random(rows), jnp.float32)
     cfg = BlockConfig(block_m=16, block_n=16, block_k=16, group_m=2)
     dh, a, dw = dlhs_glu(
-        dout, w_down, h, jnp.asarray(sizes), row_token=row_token, row_weight=row_weight,
-        activation=activation, config=cfg,
+        dout,
+        w_down,
+        h,
+        jnp.asarray(sizes),
+        row_token=row_token,
+        row_weight=row_weight,
+        activation=activation,
+        config=cfg,
     )
     with jax.enable_x64(True):
         f64 = lambda v: jnp.asarray(np.asarray(v, np.float64))
@@ -145,9 +150,12 @@ def test_forward_matches_reference(activation, dtype, t, h, i, e, k, mode):
     assert out.shape == x.shape and out.dtype == x.dtype
     with jax.enable_x64(True):
         ref = moe_experts_reference(
-            np.asarray(x, np.float64), idx, np.asarray(w, np.float64),
+            np.asarray(x, np.float64),
+            idx,
+            np.asarray(w, np.float64),
             jax.tree.map(lambda a: np.asarray(a, np.float64), params),
-            activation=activation, dtype=jnp.float64,
+            activation=activation,
+            dtype=jnp.float64,
         )
     assert _rel_err(out, ref) < TOL[dtype]
 
