@@ -195,7 +195,7 @@ def _to_mesh(a: jax.Array, mesh: Mesh, spec: P) -> jax.Array:
 
 
 def _raise_on_counts(counts, num_experts: int, capacity: int, exchange: str, _after) -> None:
-    dropped, bad_ids, bad_weights, bad_x = (int(c) for c in counts)
+    dropped, bad_ids, bad_weights, bad_x = np.asarray(counts).tolist()
     debug._raise_if(bad_ids > 0, f"topk_idx holds {bad_ids} expert ids outside [0, {num_experts}); "
                     "fix the router or num_experts.")
     debug._raise_if(bad_weights > 0, "topk_weight holds NaN or Inf; check the router logits.")
