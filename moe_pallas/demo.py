@@ -6,6 +6,7 @@ Frobenius error, which admits tf32 tensor-core matmuls on GPU).
 
 import argparse
 import dataclasses
+import functools
 import time
 
 import jax
@@ -77,9 +78,10 @@ def run(size: str, implementation: str, dtype_name: str, repeats: int = 5) -> li
     rows = []
     for workload in WORKLOADS.values():
         x, topk_idx, topk_weight, params = make_case(workload, size, dtype)
-        layer = jax.jit(lambda x, i, w, p: moe_experts(x, i, w, p, activation=workload.activation, implementation=backend))
+        layer = jax.jit(functools.partial(moe_experts, activation=workload.activation, implementation=backend))
         out = layer(x, topk_idx, topk_weight, params).astype(jnp.float32)
-        ref = jax.jit(lambda x, i, w, p: moe_experts_reference(x, i, w, p, activation=workload.activation, chunk=chunk))(x, topk_idx, topk_weight, params)
+        oracle = functools.partial(moe_experts_reference, activation=workload.activation, chunk=chunk)
+        ref = jax.jit(oracle)(x, topk_idx, topk_weight, params)
         rel = float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
         rows.append({
             "workload": workload.name, "T": x.shape[0], "H": x.shape[1], "E": params["w_gate_up"].shape[0],
