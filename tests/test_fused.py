@@ -86,21 +86,22 @@ def test_auto_is_xla_on_cpu_and_pallas_on_gpu():
         resolve_implementation("triton")
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_combine_sums_slots_in_order(dtype):
+@pytest.mark.parametrize("dtype,hidden", [(jnp.float32, 40), (jnp.bfloat16, 64)])
+def test_combine_sums_slots_in_order(dtype, hidden):
     rng = np.random.default_rng(0)
-    rows = jnp.asarray(rng.standard_normal((50, 40)), dtype)
-    pair_row = jnp.asarray(rng.integers(0, 50, (21, 3)), jnp.int32)  # T, H tails; repeated rows
-    out = combine(rows, pair_row, out_dtype=jnp.float32, block_t=16, block_h=32)
+    rows = jnp.asarray(rng.standard_normal((50, hidden)), dtype)
+    pair_row = jnp.asarray(rng.integers(0, 50, (21, 3)), jnp.int32)  # T tail; repeated rows
+    out = combine(rows, pair_row, out_dtype=jnp.float32, block_t=16, block_h=32)  # H tail at 40
     ref = np.asarray(rows, np.float64)[np.asarray(pair_row)].sum(axis=1)
-    assert out.shape == (21, 40) and _rel_err(out, ref) < 1e-6
+    assert out.shape == (21, hidden) and _rel_err(out, ref) < 1e-6
 
 
-@pytest.mark.parametrize("activation", ["gptoss", "swiglu"])
-def test_dlhs_glu_against_float64(activation):
-    """Several n- and k-tiles (with tails), straddling m-tiles, an empty group, 4 tail rows."""
+@pytest.mark.parametrize("activation,hidden,inter", [("gptoss", 40, 40), ("swiglu", 64, 32)])
+def test_dlhs_glu_against_float64(activation, hidden, inter):
+    """Several n- and k-tiles (with tails at 40, unmasked at 64/32), straddling m-tiles, an empty
+    group, 4 tail rows."""
     rng = np.random.default_rng(1)
-    rows, tokens, hidden, inter = 37, 10, 40, 40
+    rows, tokens = 37, 10
     sizes = np.array([12, 0, 9, 12], np.int32)  # 33 rows in groups, 4 past them
     dout = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.float32)
     w_down = jnp.asarray(rng.standard_normal((4, inter, hidden)) / np.sqrt(hidden), jnp.float32)

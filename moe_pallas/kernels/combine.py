@@ -7,8 +7,9 @@ so the result is bitwise reproducible from run to run. The same kernel sums dx r
 
 Tiling. A 2-D grid over (block_t tokens, block_h columns); each program gathers its tokens' k rows
 with vector-indexed loads (`pair_row` is passed transposed, [k, T], so each slot's indices load
-contiguously). Blocks are powers of 2 (Triton); T and H tails are masked. The kernel is
-memory-bound: it reads T·k·H and writes T·H elements once.
+contiguously). Blocks are powers of 2 (Triton); block_h shrinks (down to 64) to divide H where
+it can, T and any H tail are masked. The kernel is memory-bound: it reads T·k·H and writes T·H
+elements once.
 """
 
 import functools
@@ -30,7 +31,10 @@ def _combine_kernel(pair_row_ref, rows_ref, out_ref, *, num_tokens, hidden, top_
     h0 = pl.program_id(1) * bh
     t_ok = t0 + jnp.arange(bt, dtype=jnp.int32) < num_tokens
     cols = h0 + jnp.arange(bh, dtype=jnp.int32)
-    mask = t_ok[:, None] & (cols < hidden)[None, :]
+    # No column mask when bh divides H: a mask along the contiguous axis stops vectorised loads.
+    mask = jnp.broadcast_to(
+        t_ok[:, None] & (cols < hidden)[None, :] if hidden % bh else t_ok[:, None], (bt, bh)
+    )
     acc = jnp.zeros((bt, bh), jnp.float32)
     for j in range(top_k):  # fixed order: the float32 sum is reproducible
         # jnp.int32(j), not j: interpret mode rejects Python ints next to a pl.ds indexer.
@@ -64,6 +68,8 @@ def combine(
     if num_tokens == 0 or hidden == 0 or top_k == 0 or rows.shape[0] == 0:
         return jnp.zeros((num_tokens, hidden), out_dtype)
     bt, bh = _pow2_at_most(block_t, num_tokens), _pow2_at_most(block_h, hidden)
+    while hidden % bh and bh > 64:  # prefer a column block that divides H (2880 = 45 * 64)
+        bh //= 2
     kernel = functools.partial(
         _combine_kernel, num_tokens=num_tokens, hidden=hidden, top_k=top_k, bt=bt, bh=bh
     )

@@ -32,6 +32,10 @@ from moe_pallas.activations import glu, glu_bwd
 from moe_pallas.kernels import config as _config
 
 
+def _masked(mask) -> dict:
+    return {} if mask is None else {"mask": mask, "other": 0}
+
+
 def _dlhs_glu_kernel(
     group_ref,
     m_start_ref,
@@ -69,8 +73,12 @@ def _dlhs_glu_kernel(
     rows = m0 + jnp.arange(bm, dtype=jnp.int32)
     row_ok = (rows >= row_start_ref[v]) & (rows < row_end_ref[v])
     cols = n0 + jnp.arange(bn, dtype=jnp.int32)
-    n_ok = cols < n_out
-    mask = row_ok[:, None] & n_ok[None, :]
+    # Masks only where a tail exists: a mask that varies along the contiguous axis stops Triton
+    # from vectorising the load.
+    n_ok = (cols < n_out) if n_out % bn else None
+    mask = jnp.broadcast_to(
+        row_ok[:, None] if n_ok is None else row_ok[:, None] & n_ok[None, :], (bm, bn)
+    )
     gate_cols, up_cols = (
         (2 * cols, 2 * cols + 1) if activation == "gptoss" else (cols, cols + n_out)
     )
@@ -96,13 +104,11 @@ def _dlhs_glu_kernel(
         def body(i, acc):
             k0 = i * bk
             ks = k0 + jnp.arange(bk, dtype=jnp.int32)
-            k_ok = ks < k_dim
-            d = plgpu.load(dout_ref.at[src[:, None], ks[None, :]], mask=k_ok[None, :], other=0)
-            w = plgpu.load(
-                w_ref.at[g, pl.ds(n0, bn), pl.ds(k0, bk)],
-                mask=n_ok[:, None] & k_ok[None, :],
-                other=0,
-            )
+            k_ok = (ks < k_dim)[None, :] if k_dim % bk else None
+            d = plgpu.load(dout_ref.at[src[:, None], ks[None, :]], **_masked(k_ok))
+            n_col = None if n_ok is None else n_ok[:, None]
+            w_mask = n_col if k_ok is None else k_ok if n_col is None else n_col & k_ok
+            w = plgpu.load(w_ref.at[g, pl.ds(n0, bn), pl.ds(k0, bk)], **_masked(w_mask))
             return acc + plgpu.dot(d.astype(compute_dtype), w.astype(compute_dtype), trans_b=True)
 
         acc = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), body, jnp.zeros((bm, bn), jnp.float32))
