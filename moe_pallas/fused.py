@@ -72,7 +72,8 @@ def _group_sum(rows, group_sizes):
 
     A tgmm against a ones column (lhs row 0 gathered for every row; 16 wide, Triton's smallest
     dot): each expert's rows are summed inside its own programs, in row order. Deterministic, no
-    [M, E] one-hot, and a NaN row only reaches its own expert's sum.
+    [M, E] one-hot, and a NaN row only reaches its own expert's sum. Like every Pallas dot,
+    float32 rows go through TF32 on GPU.
     """
     ones = jnp.ones((1, 16), rows.dtype)
     every_row = jnp.zeros((rows.shape[0],), jnp.int32)
