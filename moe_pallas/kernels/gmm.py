@@ -31,21 +31,22 @@ from moe_pallas.activations import glu
 from moe_pallas.kernels import config as _config
 
 _ACTIVATIONS = (None, "swiglu", "gptoss")
-# Row ids, group offsets and tile starts are int32 in the kernels and the schedule. Pallas switches
-# pointer offsets to int64 only past 4 GiB per array, so an array of 2^31 or more elements is
-# refused (tests/test_reliability.py runs gmm on the GPU just below the bound).
-MAX_ELEMENTS = 2**31 - 1
+# Row ids, group offsets, tile starts and column indices are int32 in the kernels and the
+# schedule, so no dimension may reach 2^31. Element counts may: Pallas computes pointer offsets in
+# int64 for any array over 2^32 bytes, and in int32 only below, where every array of 2- or 4-byte
+# elements has fewer than 2^31 elements (jax/_src/pallas/triton/lowering.py,
+# _compute_offsets_from_indices; tests/test_reliability.py runs gmm on the GPU past 2^31).
+MAX_DIM = 2**31 - 1
 
 
 def check_int32_sizes(kernel: str, **shapes: tuple[int, ...]) -> None:
-    """Raise a ValueError at trace time if an operand or output is too large for int32 indexing."""
+    """Raise a ValueError at trace time if a dimension is too large for the kernels' int32 indices."""
     for name, shape in shapes.items():
-        size = math.prod(shape)
-        if size > MAX_ELEMENTS:
+        if shape and max(shape) > MAX_DIM:
             raise ValueError(
-                f"{kernel}: {name} of shape {tuple(shape)} has {size} >= 2^31 elements, past the "
-                "int32 indexing of the kernels; split the tokens into chunks (e.g. jax.lax.map "
-                'over token blocks) or use implementation="xla".'
+                f"{kernel}: {name} of shape {tuple(shape)} has a dimension >= 2^31, past the "
+                "int32 row and column indices of the kernels; split the tokens into chunks (e.g. "
+                'jax.lax.map over token blocks) or use implementation="xla".'
             )
 
 
@@ -56,6 +57,7 @@ def clamp_group_sizes(group_sizes: jax.Array, num_rows: int) -> jax.Array:
     Without this a negative size would move a group start below row 0 (out-of-bounds loads and
     stores on the GPU) and a huge one would overflow the int32 cumulative sum.
     """
+    check_int32_sizes("grouped matmul", rows=(num_rows,))
     sizes = jnp.clip(group_sizes.astype(jnp.int32), 0, num_rows)
     # Saturating cumsum min(a + b, num_rows), written so that no int32 intermediate overflows.
     ends = jax.lax.associative_scan(lambda a, b: b + jnp.minimum(a, num_rows - b), sizes)
