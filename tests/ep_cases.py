@@ -202,6 +202,11 @@ def main():
     results["explicit_mesh_T1"] = compare(
         ep(jax.make_mesh((2, 4), ("data", "expert")), activation="swiglu", exchange="all_to_all"),
         x, idx, w, params, "swiglu", grads=False)
+    # The Pallas kernels (interpret mode here) inside shard_map: the GPU's default path.
+    x, idx, w, params = make_inputs(10, 12, 8, 2, bias=True)
+    results["a2a_ep2_pallas_gptoss"] = compare(
+        partial(moe_pallas.moe_experts, implementation="pallas_triton", mesh=moe_pallas.expert_mesh(2, 4),
+                activation="gptoss", exchange="all_to_all"), x, idx, w, params, "gptoss")
     results["a2a_drop"] = drop_case("all_to_all", 8, 1, 1.0, 8)
     results["ragged_drop_emulated"] = drop_case("ragged", 4, 2, 1.0, 9)
     results["debug_raises"] = debug_raises()

@@ -46,7 +46,7 @@ def cases(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", ["a2a_ep8", "a2a_ep4_data2_gptoss_tail", "a2a_one_hot_expert",
-                                  "ragged_ep8_emulated"])
+                                  "ragged_ep8_emulated", "a2a_ep2_pallas_gptoss"])
 def test_forward_and_grads_match_one_device(cases, case):
     assert cases[case]["fwd"] < F32 and cases[case]["grad"] < F32, cases[case]
 
