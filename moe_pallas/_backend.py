@@ -6,7 +6,12 @@ IMPLEMENTATIONS: tuple[str, ...] = ("auto", "pallas_triton", "mosaic_gpu", "xla"
 
 
 def interpret_mode() -> bool:
-    """Pallas kernels run in interpret mode everywhere but on a GPU backend."""
+    """Pallas kernels run in interpret mode unless they are compiled for a GPU: on a GPU backend,
+    or when lowered ahead of time for an abstract GPU device (`jax.sharding.use_abstract_mesh` with
+    an `AbstractDevice` of platform "gpu": how tests lower the Triton kernels on a CPU machine)."""
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    if device is not None:
+        return device.platform != "gpu"
     return jax.default_backend() != "gpu"
 
 
