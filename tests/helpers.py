@@ -24,3 +24,13 @@ def random_routing(rng, num_tokens, num_experts, top_k, *, skew=None):
     idx = np.stack([rng.choice(num_experts, top_k, replace=False, p=p) for _ in range(num_tokens)])
     w = rng.random((num_tokens, top_k)) + 0.1
     return idx.astype(np.int32), (w / w.sum(1, keepdims=True)).astype(np.float32)
+
+
+def device_normal(rng, shape, dtype, scale=1.0):
+    """N(0, scale^2) drawn on the default device (full-size expert weights in GPU tests would take
+    a minute to draw in numpy float64 on the host), seeded from the numpy generator `rng`."""
+    import jax
+    import jax.numpy as jnp
+
+    key = jax.random.key(int(rng.integers(2**31)))
+    return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)

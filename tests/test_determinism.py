@@ -12,27 +12,28 @@ import numpy as np
 import pytest
 
 from moe_pallas import moe_experts, ragged_dot, tgmm
+from tests.helpers import device_normal
 
 
 def _inputs(seed, tokens, hidden, inter, experts, top_k, dtype, biases):
     rng = np.random.default_rng(seed)
     p = {
-        "w_gate_up": rng.standard_normal((experts, hidden, 2 * inter)) / np.sqrt(hidden),
-        "w_down": rng.standard_normal((experts, inter, hidden)) / np.sqrt(inter),
+        "w_gate_up": device_normal(rng, (experts, hidden, 2 * inter), dtype, hidden**-0.5),
+        "w_down": device_normal(rng, (experts, inter, hidden), dtype, inter**-0.5),
     }
     if biases:
-        p |= {"b_gate_up": rng.standard_normal((experts, 2 * inter)),
-              "b_down": rng.standard_normal((experts, hidden))}
+        p |= {"b_gate_up": device_normal(rng, (experts, 2 * inter), dtype),
+              "b_down": device_normal(rng, (experts, hidden), dtype)}
     # Zipf-skewed routing: a few hot experts with long groups, many empty ones.
     prob = 1.0 / np.arange(1, experts + 1) ** 1.2
     idx = np.stack([rng.choice(experts, top_k, replace=False, p=prob / prob.sum())
                     for _ in range(tokens)])
     return (
-        jnp.asarray(rng.standard_normal((tokens, hidden)), dtype),
+        device_normal(rng, (tokens, hidden), dtype),
         jnp.asarray(idx, jnp.int32),
         jnp.asarray(rng.random((tokens, top_k)) + 0.1, jnp.float32),
-        {k: jnp.asarray(v, dtype) for k, v in p.items()},
-        jnp.asarray(rng.standard_normal((tokens, hidden)), dtype),
+        p,
+        device_normal(rng, (tokens, hidden), dtype),
     )
 
 

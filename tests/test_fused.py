@@ -17,6 +17,7 @@ from moe_pallas.kernels import BlockConfig
 from moe_pallas.kernels.combine import combine
 from moe_pallas.kernels.dlhs_glu import dlhs_glu
 from moe_pallas.reference import moe_experts_reference
+from tests.helpers import device_normal
 
 ON_GPU = jax.default_backend() == "gpu"
 # Relative error bounds (‖out − ref‖ / ‖ref‖). float32 runs the dots in TF32 on GPU.
@@ -41,17 +42,17 @@ def _problem(rng, activation, tokens, hidden, inter, experts, top_k, dtype, mode
     elif mode == "masked":
         idx[rng.random((tokens, top_k)) < 0.2] = experts + 3
     params = {
-        "w_gate_up": rng.standard_normal((experts, hidden, 2 * inter)) / np.sqrt(hidden),
-        "w_down": rng.standard_normal((experts, inter, hidden)) / np.sqrt(inter),
+        "w_gate_up": device_normal(rng, (experts, hidden, 2 * inter), dtype, hidden**-0.5),
+        "w_down": device_normal(rng, (experts, inter, hidden), dtype, inter**-0.5),
     }
     if activation == "gptoss":  # biases large enough that the clamps at ±7 bite sometimes
-        params["b_gate_up"] = 3 * rng.standard_normal((experts, 2 * inter))
-        params["b_down"] = rng.standard_normal((experts, hidden))
+        params["b_gate_up"] = device_normal(rng, (experts, 2 * inter), dtype, 3.0)
+        params["b_down"] = device_normal(rng, (experts, hidden), dtype)
     return (
-        jnp.asarray(rng.standard_normal((tokens, hidden)), dtype),
+        device_normal(rng, (tokens, hidden), dtype),
         jnp.asarray(idx, jnp.int32),
         jnp.asarray(rng.random((tokens, top_k)) + 0.1, jnp.float32),
-        {name: jnp.asarray(value, dtype) for name, value in params.items()},
+        params,
     )
 
 
