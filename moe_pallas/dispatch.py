@@ -5,12 +5,15 @@ contiguous group and ties keep token order (deterministic results). Pairs whose 
 outside [0, E) are "masked": they sort after every valid row and belong to no group, so
 `group_offsets[E]` counts the valid rows only.
 
-`tile_schedule` turns group sizes into the work list of the grouped matmul (megablox-style, no
-padding): rows are cut into m-tiles of `block_m`; a tile that straddles group boundaries is visited
-once per group it touches, each visit masked to that group's rows. Rows past `sum(group_sizes)`
-form one extra pseudo-group (id G) whose visits write zeros. With at most min(G+1, M) non-empty
-groups, `cdiv(M, block_m) + min(G+1, M) - 1` visits always suffice; unused visits get an empty
-row range.
+`tile_schedule` turns group sizes into the work list of the grouped matmul (no padding): each
+group's rows are cut into m-tiles of `block_m` starting at the group's first row, so a visit
+touches one group only and a group of at most `block_m` rows is one visit, reading its expert's
+weights once (tiles aligned to multiples of `block_m` instead would visit most groups twice in the
+weight-bandwidth-bound regime of a few dozen rows per expert). Rows past `sum(group_sizes)` form
+one extra pseudo-group (id G) whose visits write zeros. Since
+sum_g cdiv(size_g, block_m) <= cdiv(M, block_m) + (non-empty groups) - 1, and at most min(G+1, M)
+groups are non-empty, `cdiv(M, block_m) + min(G+1, M) - 1` visits always suffice; unused visits
+get an empty row range.
 """
 
 from typing import NamedTuple
@@ -29,8 +32,8 @@ class Dispatch(NamedTuple):
 
 class TileSchedule(NamedTuple):
     group: jax.Array  # [V] int32: group of each visit (G = the zero-filled tail rows)
-    m_start: jax.Array  # [V] int32: first row of the visited m-tile
-    row_start: jax.Array  # [V] int32: first row of the visit (inside the tile and the group)
+    m_start: jax.Array  # [V] int32: first row of the visited m-tile (the kernels' row base)
+    row_start: jax.Array  # [V] int32: first row of the visit (= m_start: tiles start in the group)
     row_end: jax.Array  # [V] int32: one past its last row; row_start == row_end for unused visits
 
 
@@ -84,14 +87,12 @@ def tile_schedule(group_sizes: jax.Array, num_rows: int, block_m: int) -> TileSc
     # The pseudo-group G holds the rows no real group claims.
     ends = jnp.concatenate([ends, jnp.array([num_rows], jnp.int32)])
     starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
-    first_tile = starts // block_m
-    tiles = jnp.where(ends > starts, (ends - 1) // block_m - first_tile + 1, 0)
+    tiles = (ends - starts + block_m - 1) // block_m
     visit_end = jnp.cumsum(tiles)
     v = jnp.arange(num_visits(num_rows, num_groups, block_m), dtype=jnp.int32)
-    group = jnp.searchsorted(visit_end, v, side="right", method="compare_all").astype(jnp.int32)
+    group = jnp.searchsorted(visit_end, v, side="right").astype(jnp.int32)
     used = group <= num_groups
     group = jnp.minimum(group, num_groups)
-    m_start = (first_tile[group] + v - (visit_end[group] - tiles[group])) * block_m
-    row_start = jnp.maximum(starts[group], m_start)
-    row_end = jnp.where(used, jnp.minimum(ends[group], m_start + block_m), row_start)
-    return TileSchedule(group=group, m_start=m_start, row_start=row_start, row_end=row_end)
+    m_start = starts[group] + (v - (visit_end[group] - tiles[group])) * block_m
+    row_end = jnp.where(used, jnp.minimum(ends[group], m_start + block_m), m_start)
+    return TileSchedule(group=group, m_start=m_start, row_start=m_start, row_end=row_end)

@@ -69,11 +69,15 @@ def test_tile_schedule_covers_each_row_once(sizes, num_rows, block_m):
     for g, m0, r0, r1 in zip(*(np.asarray(a) for a in sched)):
         if r0 == r1:
             continue
-        assert m0 % block_m == 0 and m0 <= r0 < r1 <= min(m0 + block_m, num_rows)
+        assert m0 == r0 < r1 <= min(m0 + block_m, num_rows)
         if g < len(sizes):
             assert starts[g] <= r0 and r1 <= ends[g]
+            assert (r0 - starts[g]) % block_m == 0  # tiles start at the group's first row
         else:
             assert r0 >= ends[-1]
         assert (owner[r0:r1] == -1).all()
         owner[r0:r1] = g
     assert (owner >= 0).all()
+    used = np.asarray(sched.row_start) < np.asarray(sched.row_end)
+    groups = np.append(ends - starts, num_rows - ends[-1])
+    assert used.sum() == sum(-(-int(n) // block_m) for n in groups)  # one visit per block_m rows of a group

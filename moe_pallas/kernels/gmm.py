@@ -8,9 +8,10 @@ in the layout of the activation, see `moe_pallas.activations`), and multiplies b
 `row_scale[m]`. Rows past sum(group_sizes) are written as zeros.
 
 Tiling. A 1-D grid over (visit, n-tile) pairs, where the visits come from
-`dispatch.tile_schedule`: each visit is one block_m-row m-tile restricted to one group (tiles that
-straddle a group boundary are visited once per group, with row masks), so no row is padded and
-no `lhs[perm]` copy is made: the row gather happens in the kernel. Each program loops over K in
+`dispatch.tile_schedule`: each visit is an m-tile of at most block_m rows of one group, tiles
+starting at the group's first row (a group of <= block_m rows is one visit: its expert's weights
+are read once), so no row is padded and no `lhs[perm]` copy is made: the row gather happens in
+the kernel. Each program loops over K in
 block_k steps with a [block_m, block_n] float32 accumulator (two for a GLU). Programs are
 swizzled in bands of `group_m` visits so that consecutive programs reuse one expert's weight slab
 from L2 (compute-bound case); with few rows per expert, a narrow block_n spreads each hit
