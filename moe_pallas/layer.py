@@ -31,7 +31,7 @@ from moe_pallas.activations import ACTIVATIONS, Activation, glu, split_gate_up
 from moe_pallas.experts import IMPLEMENTATIONS, Implementation, moe_experts
 from moe_pallas.routing import ROUTER_METHODS, RouterMethod, route
 
-AUX_NAMES = ("aux_loss", "load_balancing_loss", "z_loss", "expert_counts")
+AUX_NAMES = ("aux_loss", "load_balancing_loss", "z_loss", "expert_counts", "dropped_rows")
 
 
 class RouterCorrectionBias(nnx.Variable):
@@ -186,15 +186,19 @@ def moe_apply(
                 if getattr(config, k) is not None
             }
         )
-    y = moe_experts(
+    out = moe_experts(
         x2d,
         topk_idx,
         topk_weight,
         experts,
         activation=config.activation,
         implementation=config.implementation,
+        return_stats=bool(parallel),
         **parallel,
     )
+    y, stats = out if parallel else (out, {"dropped_rows": jnp.zeros((), jnp.int32)})
+    # Rows an expert-parallel exchange dropped (capacity_factor set): counted, never silent.
+    aux["dropped_rows"] = stats["dropped_rows"]
     if config.shared_intermediate_size:
         h = jnp.dot(
             x2d, params["shared_w_gate_up"].astype(dtype), preferred_element_type=jnp.float32
@@ -242,7 +246,8 @@ class MoE(nnx.Module):
       rngs: `nnx.Rngs` for initialisation.
 
     Call: `layer(x)` returns y (x's shape, compute dtype); `layer(x, return_aux=True)` returns
-    (y, aux) with aux = {"aux_loss", "load_balancing_loss", "z_loss", "expert_counts"}. The same
+    (y, aux) with aux = {"aux_loss", "load_balancing_loss", "z_loss", "expert_counts",
+    "dropped_rows"} (rows an expert-parallel exchange dropped; 0 without a mesh). The same
     values are sown as `nnx.Intermediate`: collect them with `nnx.capture(model, nnx.Intermediate)`.
     """
 

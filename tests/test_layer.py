@@ -278,15 +278,19 @@ def test_partitioning_annotations_and_eager_sharding():
 def test_mesh_fields_are_forwarded_only_with_a_mesh(monkeypatch):
     seen = []
 
-    def fake_experts(x, topk_idx, topk_weight, params, **kwargs):
+    def fake_experts(x, topk_idx, topk_weight, params, return_stats, **kwargs):
         seen.append(kwargs)
-        return jnp.zeros_like(x)
+        out = jnp.zeros_like(x)
+        return (out, {"dropped_rows": jnp.asarray(7)}) if return_stats else out
 
     monkeypatch.setattr(layer_mod, "moe_experts", fake_experts)
     x = jnp.ones((2, H))
-    MoE(H, I, E, 2, rngs=nnx.Rngs(0))(x)
+    _, aux = MoE(H, I, E, 2, rngs=nnx.Rngs(0))(x, return_aux=True)
+    assert int(aux["dropped_rows"]) == 0
     mesh = jax.make_mesh((1,), ("ep",))
-    MoE(H, I, E, 2, mesh=mesh, expert_axis="ep", capacity_factor=1.5, rngs=nnx.Rngs(0))(x)
+    layer = MoE(H, I, E, 2, mesh=mesh, expert_axis="ep", capacity_factor=1.5, rngs=nnx.Rngs(0))
+    _, aux = layer(x, return_aux=True)
+    assert int(aux["dropped_rows"]) == 7  # the exchange's drop count reaches the layer's aux
     assert seen[0] == {"activation": "swiglu", "implementation": "auto"}
     assert seen[1] == {
         "activation": "swiglu",
