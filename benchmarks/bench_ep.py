@@ -17,7 +17,6 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import time
 from functools import partial
@@ -51,6 +50,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import moe_pallas
+from benchmarks.sol import median_seconds
 from moe_pallas import parallel
 
 START = time.perf_counter()
@@ -79,15 +79,8 @@ def place(mesh, x, idx, w, params):
             jax.tree.map(lambda p: jax.device_put(p, exp), params))
 
 
-def median_ms(fn, args, warmup=2, iters=10) -> float:
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times)
+def median_ms(fn, args) -> float:
+    return 1e3 * median_seconds(fn, *args, warmup=2)
 
 
 def layer_fns(activation, implementation, mesh=None, **ep):

@@ -14,6 +14,7 @@ Bytes ignore routing metadata (a few bytes per row) and assume each weight is re
 """
 
 import dataclasses
+import functools
 import time
 
 import jax
@@ -89,18 +90,22 @@ def detect_device() -> Device | None:
     return None
 
 
+def median_seconds(fn, *args, warmup: int = 1, repeats: int = 10) -> float:
+    """Median wall time of blocking calls `fn(*args)` after `warmup` calls (compile, caches)."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
 def measure_ceilings(size: int = 8192, copy_bytes: int = 2 << 30, repeats: int = 10) -> Device:
     """Measured ceilings on jax's default device: a bf16 `size`³ matmul (random data) and an
     elementwise pass over `copy_bytes` (bytes read + written). Use where datasheets flatter."""
-
-    def median_time(fn, *args):
-        jax.block_until_ready(fn(*args))
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            times.append(time.perf_counter() - start)
-        return sorted(times)[len(times) // 2]
+    median_time = functools.partial(median_seconds, repeats=repeats)
 
     key_a, key_b = jax.random.split(jax.random.key(0))
     a = jax.random.normal(key_a, (size, size), jnp.bfloat16)
