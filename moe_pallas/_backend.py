@@ -15,20 +15,22 @@ def interpret_mode() -> bool:
     return jax.default_backend() != "gpu"
 
 
-def resolve(implementation: str) -> str:
-    """Map `implementation` to the backend that runs: "pallas_triton" or "xla".
+def resolve(implementation: str, *, mosaic_gpu: bool = False) -> str:
+    """Map `implementation` to the backend that runs: "pallas_triton", "xla" or "mosaic_gpu".
 
-    "auto" picks pallas_triton on GPU and xla elsewhere; an explicit "pallas_triton" off GPU runs
-    the kernels in interpret mode (slow, for tests).
+    "auto" picks pallas_triton on GPU and xla elsewhere (never mosaic_gpu: untimed); an explicit
+    Pallas backend off GPU runs the kernels in interpret mode (slow, for tests). "mosaic_gpu" is
+    accepted only by callers that have a Mosaic GPU kernel (`mosaic_gpu=True`: ragged_dot).
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
             f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}; "
             'use "auto" to let the platform decide.'
         )
-    if implementation == "mosaic_gpu":
+    if implementation == "mosaic_gpu" and not mosaic_gpu:
         raise NotImplementedError(
-            'implementation="mosaic_gpu" is not implemented yet; use "pallas_triton" (or "auto").'
+            'implementation="mosaic_gpu" is implemented for ragged_dot only so far; use '
+            '"pallas_triton" (or "auto").'
         )
     if implementation == "auto":
         return "pallas_triton" if jax.default_backend() == "gpu" else "xla"

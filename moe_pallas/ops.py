@@ -1,8 +1,8 @@
 """Differentiable grouped matmuls: `ragged_dot` (drop-in for jax.lax.ragged_dot) and `tgmm`.
 
-Both take the backend by `implementation` ("auto", "pallas_triton", "xla"; "mosaic_gpu" is
-reserved), see `moe_pallas._backend.resolve`. The Pallas path has a custom VJP built from the
-same two kernels:
+Both take the backend by `implementation` ("auto", "pallas_triton", "xla"; "mosaic_gpu" for
+ragged_dot's forward, its gradients run the Triton kernels), see `moe_pallas._backend.resolve`.
+The Pallas path has a custom VJP built from the same two kernels:
 
     ragged_dot: out[m] = lhs[m] @ rhs[g(m)]        d_lhs = gmm(d_out, rhs, transpose_rhs)
                                                    d_rhs = tgmm(lhs, d_out)
@@ -18,6 +18,7 @@ import numpy as np
 
 from moe_pallas import _backend, debug
 from moe_pallas.kernels import gmm as _gmm
+from moe_pallas.kernels import gmm_mgpu as _gmm_mgpu
 from moe_pallas.kernels import tgmm as _tgmm
 from moe_pallas.kernels.gmm import clamp_group_sizes
 
@@ -52,16 +53,18 @@ def _zero_cotangent(group_sizes):
     return np.zeros(group_sizes.shape, jax.dtypes.float0)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _ragged_dot_pallas(lhs, rhs, group_sizes, out_dtype):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _ragged_dot_pallas(lhs, rhs, group_sizes, out_dtype, backend):
+    if backend == "mosaic_gpu":
+        return _gmm_mgpu.gmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
     return _gmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
 
 
-def _ragged_dot_fwd(lhs, rhs, group_sizes, out_dtype):
-    return _ragged_dot_pallas(lhs, rhs, group_sizes, out_dtype), (lhs, rhs, group_sizes)
+def _ragged_dot_fwd(lhs, rhs, group_sizes, out_dtype, backend):
+    return _ragged_dot_pallas(lhs, rhs, group_sizes, out_dtype, backend), (lhs, rhs, group_sizes)
 
 
-def _ragged_dot_bwd(out_dtype, res, d_out):
+def _ragged_dot_bwd(out_dtype, backend, res, d_out):
     lhs, rhs, group_sizes = res
     d_lhs = _gmm(d_out, rhs, group_sizes, transpose_rhs=True, out_dtype=lhs.dtype)
     d_rhs = _tgmm(lhs, d_out, group_sizes, out_dtype=rhs.dtype)
@@ -123,7 +126,7 @@ def ragged_dot(
     M, see `moe_pallas.debug_checks` to make them errors). Returns `[M, N]` in `preferred_element_type`
     (default: the promoted input dtype), accumulating in float32.
     """
-    backend = _backend.resolve(implementation)
+    backend = _backend.resolve(implementation, mosaic_gpu=True)
     if lhs.ndim != 2:
         raise ValueError(f"lhs must be 2-D [M, K], got shape {lhs.shape}.")
     if rhs.ndim != 3:
@@ -141,7 +144,7 @@ def ragged_dot(
     out_dtype = _out_dtype(lhs, rhs, preferred_element_type)
     if backend == "xla":
         return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=out_dtype)
-    return _ragged_dot_pallas(lhs, rhs, group_sizes, out_dtype)
+    return _ragged_dot_pallas(lhs, rhs, group_sizes, out_dtype, backend)
 
 
 def tgmm(

@@ -1,0 +1,249 @@
+"""Grouped matmul out[m] = lhs[m] @ rhs[group(m)] for Hopper, Pallas Mosaic GPU (wgmma, TMA).
+
+Math. Rows m in [0, M) are split into G contiguous groups by `group_sizes`; row m of the product is
+`lhs[m] @ rhs[g]` (`rhs[g]` is `[K, N]`, or `[N, K]` with `transpose_rhs`), accumulated in float32
+by wgmma. Rows past sum(group_sizes) are written as zeros. Same contract as `kernels.gmm.gmm`
+without its gather and epilogue.
+
+Schedule. A persistent kernel: one CTA per SM walks the (visit, n-tile) pairs of a tile schedule,
+read as scalars from GMEM, so the grid does not depend on G (jax's `ragged_dot_mgpu` example
+unrolls a Python loop over groups instead). Per pair, a TMA pipeline of `num_stages`
+shared-memory slots streams [block_m, block_k] of lhs and [block_k, block_n] of rhs[g] into wgmma
+with a [block_m, block_n] float32 accumulator.
+
+Ragged rows. Mosaic GPU tiles the swizzled shared-memory buffers in 8-row units and issues the
+TMA load of lhs in those units, so a box's first row must be a multiple of 8 (layout inference
+rejects an arbitrary dynamic row). The schedule is therefore `dispatch.tile_schedule` with its
+m-tiles started at the group's first row rounded down to a multiple of 8: a visit computes the
+block_m rows from `8 * tile8` on and owns rows [row_start, row_end) of them (rows before
+row_start belong to the previous group and are computed, not stored). A group of at most
+block_m - 7 rows is still one visit. The box is clamped to end inside lhs (lhs is padded to a
+multiple of 8 rows, and to block_m rows, when it is shorter). A visit's rows are written from a
+shared-memory copy of the tile by a ladder of TMA stores of 2^i rows (one per set bit of the row
+count, at most log2(block_m) + 1, as in jax's ragged_dot_mgpu example): no other row is touched,
+so neighbouring visits never overwrite each other. Rows past sum(group_sizes) form a pseudo-group
+G whose visits store zeros.
+
+Limits (ValueError, use the Triton backend instead): bf16/f16 operands of one dtype, N a multiple of
+block_n and K of block_k (both workloads' dimensions are multiples of 64).
+"""
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+from moe_pallas import _backend
+from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_sizes
+
+_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+_INTERPRET_SMS = 2  # CTAs in interpret mode: enough to exercise the persistent loop's striding
+
+
+@dataclasses.dataclass(frozen=True)
+class MosaicConfig:
+    block_m: int = 128  # wgmma M: a multiple of 64 (one warpgroup)
+    block_n: int = 128
+    block_k: int = 64  # 64 bf16 = 128 bytes: the widest TMA swizzle
+    num_stages: int = 4  # shared-memory slots of the TMA ring
+    grid_tile_n: int = 4  # planar-snake band width over n-tiles (L2 reuse of lhs and rhs)
+
+    def fit(self, n: int, k: int) -> "MosaicConfig":
+        """The largest block_n (block_k) of at most the configured size that divides N (K)."""
+
+        def divisor(block: int, dim: int, name: str) -> int:
+            for b in (block, 256, 192, 128, 64, 32, 16):
+                if b <= block and dim % b == 0:
+                    return b
+            raise ValueError(
+                f"gmm_mgpu: {name}={dim} is not a multiple of 16, which the Mosaic GPU kernel "
+                'needs (TMA boxes); use implementation="pallas_triton", which masks tails.'
+            )
+
+        return dataclasses.replace(
+            self, block_n=divisor(self.block_n, n, "N"), block_k=divisor(self.block_k, k, "K")
+        )
+
+
+def _num_sms() -> int:
+    """CTAs of the persistent grid: one per SM of the target GPU."""
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    if device is not None and device.platform == "gpu":
+        return device.num_cores
+    if jax.default_backend() == "gpu":
+        return jax.devices()[0].core_count
+    return _INTERPRET_SMS
+
+
+class Schedule(NamedTuple):
+    group: jax.Array  # [V] int32: group of each visit (G = the zero-filled tail rows)
+    tile8: jax.Array  # [V] int32: first row of the visit's m-tile, divided by 8
+    row_start: jax.Array  # [V] int32: first row the visit stores
+    row_end: jax.Array  # [V] int32: one past its last row; row_start == row_end for unused visits
+
+
+def schedule(group_sizes: jax.Array, num_rows: int, block_m: int) -> Schedule:
+    """Visits covering rows [0, num_rows) once each, in row order, with m-tiles starting at each
+    group's first row rounded down to a multiple of 8; `group_sizes` must be clamped already.
+
+    A group of s rows takes cdiv(s + (start % 8), block_m) visits; summed over the at most
+    min(G + 1, num_rows) non-empty groups (with the tail pseudo-group), the floor of
+    (num_rows + groups * (block_m + 6)) / block_m visits always suffice.
+    """
+    num_groups = group_sizes.shape[0]
+    ends = jnp.concatenate(
+        [jnp.cumsum(group_sizes.astype(jnp.int32)), jnp.array([num_rows], jnp.int32)]
+    )
+    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
+    first8 = starts // 8
+    tiles = jnp.where(ends > starts, (ends - 8 * first8 + block_m - 1) // block_m, 0)
+    visit_end = jnp.cumsum(tiles)
+    groups = min(num_groups + 1, num_rows)
+    v = jnp.arange((num_rows + groups * (block_m + 6)) // block_m, dtype=jnp.int32)
+    group = jnp.searchsorted(visit_end, v, side="right").astype(jnp.int32)
+    used = group <= num_groups
+    group = jnp.minimum(group, num_groups)
+    tile8 = first8[group] + (v - (visit_end[group] - tiles[group])) * (block_m // 8)
+    row_start = jnp.maximum(starts[group], 8 * tile8)
+    row_end = jnp.where(used, jnp.minimum(ends[group], 8 * tile8 + block_m), row_start)
+    return Schedule(group=group, tile8=tile8, row_start=row_start, row_end=row_end)
+
+
+def _kernel(
+    group_gmem,
+    tile8_gmem,
+    row_start_gmem,
+    row_end_gmem,
+    lhs_gmem,
+    rhs_gmem,
+    out_gmem,
+    *,
+    num_groups: int,
+    num_visits: int,
+    cfg: MosaicConfig,
+    transpose_rhs: bool,
+):
+    lhs_rows, k_dim = lhs_gmem.shape
+    n_dim = out_gmem.shape[1]
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    n_tiles = n_dim // bn
+
+    @plgpu.nd_loop((num_visits * n_tiles,), collective_axes="sm")
+    def _visit(info: plgpu.NDLoopInfo):
+        v, ni = plgpu.planar_snake(info.index[0], (num_visits, n_tiles), 1, cfg.grid_tile_n)
+        g = group_gmem[v]
+        row_start = row_start_gmem[v]
+        size = row_end_gmem[v] - row_start
+        # The lhs box: 8-row aligned (see the module docstring), ending inside lhs.
+        a0 = pl.multiple_of(jnp.minimum(tile8_gmem[v], (lhs_rows - bm) // 8) * 8, 8)
+
+        def product(acc_ref):
+            plgpu.emit_pipeline(
+                lambda _, a_smem, b_smem: plgpu.wgmma(
+                    acc_ref, a_smem, b_smem.T if transpose_rhs else b_smem
+                ),
+                grid=(k_dim // bk,),
+                in_specs=[
+                    plgpu.BlockSpec((bm, bk), lambda kk: (0, kk), delay_release=1),
+                    plgpu.BlockSpec(
+                        (bn, bk) if transpose_rhs else (bk, bn),
+                        (lambda kk: (ni, kk)) if transpose_rhs else (lambda kk: (kk, ni)),
+                        delay_release=1,
+                    ),
+                ],
+                max_concurrent_steps=cfg.num_stages,
+            )(lhs_gmem.at[pl.ds(a0, bm)], rhs_gmem.at[jnp.minimum(g, num_groups - 1)])
+            return acc_ref[...]
+
+        @pl.when(size > 0)
+        def _store():
+            @functools.partial(pl.run_scoped, o_smem=plgpu.SMEM((bm, bn), out_gmem.dtype))
+            def _(o_smem):
+                @pl.when(g < num_groups)
+                def _grouped_rows():
+                    acc = pl.run_scoped(product, plgpu.ACC((bm, bn)))
+                    o_smem[...] = acc.astype(o_smem.dtype)
+
+                @pl.when(g == num_groups)
+                def _tail_rows():
+                    o_smem[...] = jnp.zeros((bm, bn), o_smem.dtype)
+
+                plgpu.commit_smem()
+                # Rows [row_start, row_start + size) as one TMA box per set bit of size.
+                offset = row_start - a0
+                rows = bm
+                while rows:
+
+                    @pl.when(size & rows != 0)
+                    def _(offset=offset, rows=rows):  # traced at once; defaults for lint
+                        plgpu.copy_smem_to_gmem(
+                            o_smem.at[pl.ds(offset, rows)],
+                            out_gmem.at[pl.ds(a0 + offset, rows), pl.ds(ni * bn, bn)],
+                        )
+
+                    offset += size & rows
+                    rows //= 2
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def gmm(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    transpose_rhs: bool = False,
+    out_dtype=None,
+    config: MosaicConfig | None = None,
+) -> jax.Array:
+    """Grouped matmul (see the module docstring) with the Mosaic GPU backend.
+
+    lhs `[M, K]`, rhs `[G, K, N]` (`[G, N, K]` if transpose_rhs), group_sizes `[G]` int32. Returns
+    `[M, N]` in out_dtype (default lhs.dtype). Off GPU (`_backend.interpret_mode()`) it runs in
+    Mosaic GPU interpret mode: slow, for tests.
+    """
+    if lhs.ndim != 2 or rhs.ndim != 3:
+        raise ValueError(f"gmm needs lhs [M, K] and rhs [G, K, N]; got {lhs.shape}, {rhs.shape}.")
+    if lhs.dtype != rhs.dtype or lhs.dtype not in _DTYPES:
+        raise TypeError(
+            f"gmm_mgpu needs bf16 or f16 lhs and rhs of one dtype (wgmma), got {lhs.dtype} and "
+            f'{rhs.dtype}; cast them, or use implementation="pallas_triton".'
+        )
+    num_groups = rhs.shape[0]
+    k_dim, n_dim = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else rhs.shape[1:]
+    if lhs.shape[1] != k_dim:
+        raise ValueError(f"lhs has K={lhs.shape[1]} columns but rhs contracts over K={k_dim}.")
+    if group_sizes.shape != (num_groups,):
+        raise ValueError(f"group_sizes must be [{num_groups}], got {group_sizes.shape}.")
+    num_rows = lhs.shape[0]
+    check_int32_sizes("gmm_mgpu", lhs=lhs.shape, rhs=rhs.shape, out=(num_rows, n_dim))
+    out_dtype = jnp.dtype(out_dtype or lhs.dtype)
+    if num_rows == 0 or n_dim == 0 or k_dim == 0:
+        return jnp.zeros((num_rows, n_dim), out_dtype)
+    cfg = (config or MosaicConfig()).fit(n_dim, k_dim)
+    sched = schedule(clamp_group_sizes(group_sizes, num_rows), num_rows, cfg.block_m)
+    # TMA boxes of block_m rows at multiples of 8 must fit in lhs: pad short or ragged lhs (a copy;
+    # M = T·k is a multiple of 8 for k = 8, and for k = 4 at even T).
+    lhs_rows = max(-(-num_rows // 8) * 8, cfg.block_m)
+    if lhs_rows > num_rows:
+        lhs = jnp.pad(lhs, ((0, lhs_rows - num_rows), (0, 0)))
+    kernel = functools.partial(
+        _kernel,
+        num_groups=num_groups,
+        num_visits=sched.group.shape[0],
+        cfg=cfg,
+        transpose_rhs=transpose_rhs,
+    )
+    out = plgpu.kernel(
+        kernel,
+        out_type=jax.ShapeDtypeStruct((lhs_rows, n_dim), out_dtype),
+        grid=(_num_sms(),),
+        grid_names=("sm",),
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+        interpret=plgpu.InterpretGPUParams() if _backend.interpret_mode() else None,
+        kernel_name="gmm_mgpu_t" if transpose_rhs else "gmm_mgpu",
+    )(*sched, lhs, rhs)
+    return out[:num_rows] if lhs_rows > num_rows else out

@@ -1,0 +1,139 @@
+"""Mosaic GPU gmm: Mosaic GPU interpret mode (CPU) against the float64 oracle, and lowering for an
+abstract H200 (layout inference, TMA/wgmma constraints and the shared-memory budget are checked at
+lowering; only the PTX compile is left for the GPU).
+
+Interpret mode fills outputs with NaN and raises on out-of-bounds reads, so `rel_err` (which
+rejects NaN) also proves every row was written, and a TMA box leaving lhs fails the test.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractDevice, AbstractMesh
+
+import moe_pallas
+from moe_pallas.kernels import gmm_mgpu
+from tests.test_kernels_gmm import gmm64, rel_err
+
+SMALL = gmm_mgpu.MosaicConfig(block_m=64, block_n=64, block_k=32, num_stages=2, grid_tile_n=2)
+BF16 = jnp.bfloat16
+SDS = jax.ShapeDtypeStruct
+H200 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice("NVIDIA H200", 132, "gpu"))
+
+
+def _inputs(rng, num_rows, k, n, group_sizes, transpose_rhs=False):
+    g = len(group_sizes)
+    lhs = jnp.asarray(rng.standard_normal((num_rows, k)), BF16)
+    rhs = jnp.asarray(
+        rng.standard_normal((g, n, k) if transpose_rhs else (g, k, n)) / np.sqrt(k), BF16
+    )
+    return lhs, rhs, jnp.asarray(group_sizes, jnp.int32)
+
+
+@pytest.mark.parametrize(
+    "num_rows, group_sizes",
+    [
+        (100, [30, 0, 50, 13]),  # unaligned group starts, an empty group, zero tail, M % 8 != 0
+        (128, [0, 128, 0, 0]),  # one hot expert: two full visits
+        (1, [0, 0, 1, 0]),  # T = 1: lhs padded to one block
+        (72, [5, 7, 9, 51]),  # many tiny groups, each inside an 8-row unit with its neighbours
+    ],
+)
+def test_gmm_matches_oracle(num_rows, group_sizes):
+    rng = np.random.default_rng(num_rows)
+    lhs, rhs, sizes = _inputs(rng, num_rows, 64, 128, group_sizes)
+    out = gmm_mgpu.gmm(lhs, rhs, sizes, out_dtype=jnp.float32, config=SMALL)
+    assert out.shape == (num_rows, 128) and out.dtype == jnp.float32
+    assert rel_err(out, gmm64(lhs, rhs, sizes)) < 1e-5  # bf16 products are exact in f32
+
+
+def test_gmm_transposed_rhs_bf16_out():
+    rng = np.random.default_rng(1)
+    lhs, rhs, sizes = _inputs(rng, 96, 64, 128, [40, 0, 56], transpose_rhs=True)
+    out = gmm_mgpu.gmm(lhs, rhs, sizes, transpose_rhs=True, config=SMALL)
+    assert out.dtype == BF16
+    assert rel_err(out, gmm64(lhs, rhs, sizes, transpose_rhs=True)) < 1e-2
+
+
+def test_gmm_clamps_invalid_group_sizes_like_triton():
+    rng = np.random.default_rng(2)
+    lhs, rhs, sizes = _inputs(rng, 64, 32, 64, [-5, 40, 100])
+    out = gmm_mgpu.gmm(lhs, rhs, sizes, out_dtype=jnp.float32, config=SMALL)
+    assert rel_err(out, gmm64(lhs, rhs, [0, 40, 24])) < 1e-5
+
+
+def test_ragged_dot_mosaic_gpu_forward_and_grad():
+    rng = np.random.default_rng(3)
+    lhs, rhs, sizes = _inputs(rng, 64, 32, 64, [20, 0, 44])
+    dot = functools.partial(moe_pallas.ragged_dot, implementation="mosaic_gpu")
+    out = dot(lhs, rhs, sizes, preferred_element_type=jnp.float32)
+    assert rel_err(out, gmm64(lhs, rhs, sizes)) < 1e-5
+    # Gradients reuse the Triton kernels' VJP rules (interpret mode here).
+    loss = lambda a, b: jnp.sum(dot(a, b, sizes, preferred_element_type=jnp.float32) ** 2)
+    ref_loss = lambda a, b: jnp.sum(
+        jax.lax.ragged_dot(a, b, sizes, preferred_element_type=jnp.float32) ** 2
+    )
+    for got, want in zip(jax.grad(loss, (0, 1))(lhs, rhs), jax.grad(ref_loss, (0, 1))(lhs, rhs)):
+        assert (
+            rel_err(got.astype(jnp.float32), np.asarray(want.astype(jnp.float32), np.float64))
+            < 1e-2
+        )
+
+
+def test_schedule_covers_each_row_once_in_aligned_boxes():
+    rng = np.random.default_rng(4)
+    for _ in range(60):
+        num_rows, block_m = int(rng.integers(1, 300)), int(rng.choice([64, 128]))
+        g = int(rng.integers(1, 9))
+        sizes = np.diff(np.concatenate([[0], np.sort(rng.integers(0, num_rows + 1, g))]))
+        sched = gmm_mgpu.schedule(jnp.asarray(sizes, jnp.int32), num_rows, block_m)
+        group, tile8, start, end = map(np.asarray, sched)
+        ends = np.concatenate([np.cumsum(sizes), [num_rows]])
+        starts = np.concatenate([[0], ends[:-1]])
+        cover = np.zeros(num_rows, int)
+        for v in np.flatnonzero(end > start):
+            assert 8 * tile8[v] <= start[v] and end[v] <= 8 * tile8[v] + block_m
+            assert starts[group[v]] <= start[v] and end[v] <= ends[group[v]]
+            cover[start[v] : end[v]] += 1
+        np.testing.assert_array_equal(cover, 1)
+
+
+def test_validation_names_the_fix():
+    lhs, rhs, sizes = _inputs(np.random.default_rng(5), 8, 32, 64, [8])
+    with pytest.raises(TypeError, match="pallas_triton"):
+        gmm_mgpu.gmm(lhs.astype(jnp.float32), rhs, sizes)
+    with pytest.raises(ValueError, match="N=72 is not a multiple of 16"):
+        gmm_mgpu.gmm(lhs, jnp.zeros((1, 32, 72), BF16), sizes)
+    with pytest.raises(ValueError, match="K=32"):
+        gmm_mgpu.gmm(lhs, jnp.zeros((1, 48, 64), BF16), sizes)
+
+
+def _lower_for_h200(fn, *args) -> str:
+    with jax.sharding.use_abstract_mesh(H200):
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+@pytest.mark.parametrize(
+    "rows, k, n, groups",
+    [(8192, 2880, 5760, 128), (4, 2880, 2880, 128), (65536, 4096, 4096, 256), (8, 2048, 4096, 256)],
+)
+def test_gmm_lowers_for_h200(rows, k, n, groups, transpose_rhs):
+    rhs = SDS((groups, n, k) if transpose_rhs else (groups, k, n), BF16)
+    fn = functools.partial(gmm_mgpu.gmm, transpose_rhs=transpose_rhs)
+    text = _lower_for_h200(fn, SDS((rows, k), BF16), rhs, SDS((groups,), jnp.int32))
+    assert "mosaic_gpu_v2" in text
+
+
+def test_ragged_dot_lowers_to_mosaic_gpu_and_shared_memory_overflow_is_caught():
+    args = SDS((8192, 2880), BF16), SDS((128, 2880, 5760), BF16), SDS((128,), jnp.int32)
+    text = _lower_for_h200(
+        functools.partial(moe_pallas.ragged_dot, implementation="mosaic_gpu"), *args
+    )
+    assert "mosaic_gpu_v2" in text and "__gpu$xla.gpu.triton" not in text
+    too_big = gmm_mgpu.MosaicConfig(block_m=256, block_n=256, block_k=64, num_stages=8)
+    with pytest.raises(ValueError, match="exceeds available shared memory"):
+        _lower_for_h200(functools.partial(gmm_mgpu.gmm, config=too_big), *args)
