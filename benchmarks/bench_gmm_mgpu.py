@@ -1,0 +1,115 @@
+"""Time the grouped matmul of both Pallas backends side by side: Triton (`kernels.gmm`) and Mosaic
+GPU (`kernels.gmm_mgpu`, every config of --configs), at the gmm shapes of bench_gmm.py.
+
+Per case (workload, projection, T): M = T·k rows routed uniformly at random, bf16 in and out, f32
+accumulation; the median time of bench_gmm.time_op (a jitted loop of dependent calls), TFLOP/s,
+TB/s of the bytes that must move (weights of the experts hit, lhs, out), their fraction of the
+H200 ceilings (989 TFLOP/s, 4.8 TB/s), and the relative error of each Mosaic config against the
+Triton output (a wrong Mosaic result is recorded next to its time, never hidden). Targets of
+issue 8: >= 700 TFLOP/s compute-bound, >= 90% of 4.8 TB/s bandwidth-bound. A config that fails
+to compile (e.g. shared memory) is recorded as an error and the run goes on.
+
+    PYTHONPATH=. python3 benchmarks/bench_gmm_mgpu.py --out gmm_mgpu.json
+    PYTHONPATH=. python3 benchmarks/bench_gmm_mgpu.py --workloads gptoss --tokens 2048 \\
+        --configs 128,128,64,4,4 128,256,64,3,4 64,128,64,4,8
+"""
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.bench_gmm import TOKENS, WORKLOADS, cases, time_op
+from moe_pallas import dispatch
+from moe_pallas.kernels import gmm, gmm_mgpu
+
+PEAK_TFLOPS, PEAK_TBPS = 989.0, 4.8
+DEFAULT_CONFIGS = ("128,128,64,4,4", "128,256,64,3,4", "64,128,64,4,4", "64,64,64,6,8")
+
+
+def parse_config(text: str) -> gmm_mgpu.MosaicConfig:
+    """ "block_m,block_n,block_k,num_stages,grid_tile_n" -> MosaicConfig."""
+    bm, bn, bk, stages, tile_n = map(int, text.split(","))
+    return gmm_mgpu.MosaicConfig(bm, bn, bk, stages, tile_n)
+
+
+def run_case(name, proj, t, top_k, e, k_dim, n_dim, configs, seed=0):
+    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+    m = t * top_k
+    sizes = dispatch.dispatch(jax.random.randint(k1, (t, top_k), 0, e, jnp.int32), e).group_sizes
+    lhs = jax.random.normal(k2, (m, k_dim), jnp.bfloat16)
+    rhs = (jax.random.normal(k3, (e, k_dim, n_dim), jnp.bfloat16) * k_dim**-0.5).astype(
+        jnp.bfloat16
+    )
+    hit = int((sizes > 0).sum())
+    flops = 2 * m * k_dim * n_dim
+    nbytes = 2 * (hit * k_dim * n_dim + m * k_dim + m * n_dim)
+    row = {"workload": name, "proj": proj, "T": t, "M": m, "K": k_dim, "N": n_dim, "E": e}
+    row["experts_hit"] = hit
+    reference = np.asarray(jax.jit(gmm)(lhs, rhs, sizes), np.float32)
+
+    def record(label, fn):
+        try:
+            out = np.asarray(jax.jit(fn)(lhs, rhs, sizes), np.float32)
+            err = float(np.linalg.norm(out - reference) / max(np.linalg.norm(reference), 1e-30))
+            s = time_op(lambda x, w, g: fn(x, w, g), lhs, rhs, sizes)
+            row[label] = {
+                "ms": s * 1e3,
+                "tflops": flops / s / 1e12,
+                "tbps": nbytes / s / 1e12,
+                "pct_peak_flops": 100 * flops / s / 1e12 / PEAK_TFLOPS,
+                "pct_peak_bw": 100 * nbytes / s / 1e12 / PEAK_TBPS,
+                "rel_err_vs_triton": err,
+            }
+        except Exception as err:  # noqa: BLE001 - a failing config is recorded, not fatal
+            row[label] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+
+    record("pallas_triton", gmm)
+    for text, cfg in configs.items():
+        record(f"mosaic_gpu[{text}]", lambda x, w, g, cfg=cfg: gmm_mgpu.gmm(x, w, g, config=cfg))
+    return row
+
+
+def _fmt(col):
+    if "error" in col:
+        return "ERR " + col["error"][:60]
+    return f"{col['ms']:.3f}ms {col['tflops']:.0f}TF {col['tbps']:.2f}TB/s err={col['rel_err_vs_triton']:.1e}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="gmm_mgpu_bench.json")
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
+    parser.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS))
+    args = parser.parse_args()
+    configs = {text: parse_config(text) for text in args.configs}
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "device": str(jax.devices()[0].device_kind),
+        "jax": jax.__version__,
+        "command": "PYTHONPATH=. python3 benchmarks/bench_gmm_mgpu.py " + " ".join(sys.argv[1:]),
+        "git_commit": subprocess.run(
+            ["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True
+        ).stdout.strip(),
+        "config_fields": "block_m,block_n,block_k,num_stages,grid_tile_n",
+    }
+    rows = []
+    for case in cases(args.workloads, args.tokens):
+        rows.append(run_case(*case, configs))
+        with open(args.out, "w") as f:
+            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        r = rows[-1]
+        print(f"{r['workload']:7} {r['proj']:8} T={r['T']:5} M={r['M']:6} hit={r['experts_hit']:3}")
+        for label, col in r.items():
+            if isinstance(col, dict):
+                print(f"    {label:28} {_fmt(col)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
