@@ -72,3 +72,18 @@ def test_interpret_mode_follows_the_target():
     assert _backend.interpret_mode() == (jax.default_backend() != "gpu")
     with jax.sharding.use_abstract_mesh(H200):
         assert not _backend.interpret_mode()
+
+
+@pytest.mark.parametrize("activation", sorted(WORKLOADS))
+def test_gmm_glu_epilogue_lowers_to_triton(activation):
+    """The gate_up gmm with its fused epilogue (gather, bias, GLU: gpt-oss splits an interleaved
+    [., 2·bn] accumulator in registers), at seed shapes."""
+    from moe_pallas.kernels.gmm import gmm
+
+    hidden, inter, experts, top_k, _ = WORKLOADS[activation]
+    rows = 2048 * top_k
+    args = (SDS((2048, hidden), jnp.bfloat16), SDS((experts, hidden, 2 * inter), jnp.bfloat16),
+            SDS((experts,), jnp.int32), SDS((rows,), jnp.int32), SDS((experts, 2 * inter), jnp.bfloat16))
+    glu_gmm = lambda x, w, sizes, row_token, bias: gmm(
+        x, w, sizes, lhs_row_index=row_token, bias=bias, activation=activation)
+    assert triton_calls(lower_for_h200(glu_gmm, *args)) == 1

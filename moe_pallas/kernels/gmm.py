@@ -19,6 +19,7 @@ expert's weights over all SMs (bandwidth-bound case). Triton needs power-of-2 bl
 tails are masked.
 """
 
+import dataclasses
 import functools
 import math
 
@@ -127,13 +128,16 @@ def _gmm_kernel(
     def _grouped_rows():
         if gather:
             src = _load(row_index_ref.at[pl.ds(m0, bm)], row_ok)
-        # Column indices of the accumulator(s) in rhs (and bias): gate/up halves for a GLU.
-        if activation == "swiglu":
-            rhs_cols = (cols, cols + n_out)
-        elif activation == "gptoss":
-            rhs_cols = (2 * cols, 2 * cols + 1)
+        # Column blocks of rhs (and bias) behind the bn outputs: contiguous loads only. gpt-oss
+        # interleaves gate/up, so one [bk, 2·bn] block holds both and is split after the dot;
+        # SwiGLU reads the gate and the up half as two blocks.
+        if activation == "gptoss":
+            pair_cols = 2 * n0 + jnp.arange(2 * bn, dtype=jnp.int32)
+            blocks = ((2 * n0, 2 * bn, None if n_mask is None else pair_cols < 2 * n_out),)
+        elif activation == "swiglu":
+            blocks = ((n0, bn, n_mask), (n_out + n0, bn, n_mask))
         else:
-            rhs_cols = (cols,)
+            blocks = ((n0, bn, n_mask),)
 
         def body(i, accs):
             k0 = i * bk
@@ -150,30 +154,32 @@ def _gmm_kernel(
                     _and(row_ok[:, None], None if k_mask is None else k_mask[None, :]),
                 )
             a = a.astype(compute_dtype)
-            kn_mask = _and(
-                None if k_mask is None else k_mask[:, None],
-                None if n_mask is None else n_mask[None, :],
-            )
             new = []
-            for acc, c in zip(accs, rhs_cols):
+            for acc, (c0, width, c_mask) in zip(accs, blocks):
+                kn_mask = _and(
+                    None if k_mask is None else k_mask[:, None],
+                    None if c_mask is None else c_mask[None, :],
+                )
                 if transpose_rhs:
                     b = _load(
-                        rhs_ref.at[g, pl.ds(n0, bn), pl.ds(k0, bk)],
+                        rhs_ref.at[g, pl.ds(c0, width), pl.ds(k0, bk)],
                         None if kn_mask is None else kn_mask.T,
                     )
                     new.append(acc + plgpu.dot(a, b.astype(compute_dtype), trans_b=True))
                 else:
-                    b = _load(rhs_ref.at[g, ks[:, None], c[None, :]], kn_mask)
+                    b = _load(rhs_ref.at[g, pl.ds(k0, bk), pl.ds(c0, width)], kn_mask)
                     new.append(acc + plgpu.dot(a, b.astype(compute_dtype)))
             return tuple(new)
 
-        accs = tuple(jnp.zeros((bm, bn), jnp.float32) for _ in rhs_cols)
+        accs = tuple(jnp.zeros((bm, width), jnp.float32) for _, width, _ in blocks)
         accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), body, accs)
         if has_bias:
             accs = tuple(
-                acc + _load(bias_ref.at[g, c], n_mask).astype(jnp.float32)[None, :]
-                for acc, c in zip(accs, rhs_cols)
+                acc + _load(bias_ref.at[g, pl.ds(c0, width)], c_mask).astype(jnp.float32)[None, :]
+                for acc, (c0, width, c_mask) in zip(accs, blocks)
             )
+        if activation == "gptoss":
+            accs = jnp.unstack(accs[0].reshape(bm, bn, 2), axis=-1)  # (gate, up)
         out = glu(accs[0], accs[1], activation) if activation else accs[0]
         if has_row_scale:
             scale = _load(row_scale_ref.at[pl.ds(m0, bm)], row_ok)
@@ -247,9 +253,11 @@ def gmm(
         )
 
     kernel_name = "gmm_t" if transpose_rhs else "gmm"
-    cfg = (config or _config.pick(kernel_name, num_rows, num_groups, k_dim, n_out)).fit(
-        num_rows, k_dim, n_out
-    )
+    if config is None:
+        config = _config.pick(kernel_name, num_rows, num_groups, k_dim, n_out)
+        if activation:  # a GLU tile reads 2·block_n weight columns: keep the table's tile size
+            config = dataclasses.replace(config, block_n=max(16, config.block_n // 2))
+    cfg = config.fit(num_rows, k_dim, n_out)
     sched = dispatch.tile_schedule(clamp_group_sizes(group_sizes, num_rows), num_rows, cfg.block_m)
     num_visits = sched.group.shape[0]
     operands = [sched.group, sched.m_start, sched.row_start, sched.row_end]
