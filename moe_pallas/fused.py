@@ -14,7 +14,10 @@ about 0.1 ms at gpt-oss T = 2048), but measured on the H200 (2026-11-30, see
 benchmarks/results/layer_2026-11-30_h200.md) it is not usable yet: on gpt-oss's interleaved
 columns it took 14.6 ms against 2.1 ms + 0.06 ms for h + XLA glu (stride-2 weight gathers are not
 pipelined), and on SwiGLU's halves at the large block config it needs 240 KiB of shared memory
-(limit 227 KiB) and fails to compile. Switch back once gmm's epilogue is fixed and timed.
+(limit 227 KiB) and fails to compile. gmm's epilogue has since been rewritten for both (contiguous
+weight blocks; gpt-oss splits one interleaved accumulator in registers; GLU tiles halve block_n)
+and lowers for the H200, but is untimed: switch the no-gradient forward to it once
+benchmarks/bench_layer.py shows it faster (the forward under jax.grad keeps storing h, a residual).
 
 Residuals, chosen for memory: h [M, 2I] in x's dtype and the int32 routing metadata; x, the params
 and topk_weight are inputs the caller keeps anyway. Not saved: a (recomputed from h in `dlhs_glu`),
