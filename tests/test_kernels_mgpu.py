@@ -58,6 +58,17 @@ def test_gmm_transposed_rhs_bf16_out():
     assert rel_err(out, gmm64(lhs, rhs, sizes, transpose_rhs=True)) < 1e-2
 
 
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+def test_gmm_warp_specialised_matches_oracle(transpose_rhs):
+    rng = np.random.default_rng(6)
+    lhs, rhs, sizes = _inputs(rng, 100, 64, 256, [30, 0, 50, 13], transpose_rhs=transpose_rhs)
+    cfg = gmm_mgpu.MosaicConfig(64, 64, 32, num_stages=2, grid_tile_n=2, consumers=2)
+    out = gmm_mgpu.gmm(
+        lhs, rhs, sizes, transpose_rhs=transpose_rhs, out_dtype=jnp.float32, config=cfg
+    )
+    assert rel_err(out, gmm64(lhs, rhs, sizes, transpose_rhs=transpose_rhs)) < 1e-5
+
+
 def test_gmm_clamps_invalid_group_sizes_like_triton():
     rng = np.random.default_rng(2)
     lhs, rhs, sizes = _inputs(rng, 64, 32, 64, [-5, 40, 100])
@@ -116,14 +127,20 @@ def _lower_for_h200(fn, *args) -> str:
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
+@pytest.mark.parametrize("consumers", [1, 2])
 @pytest.mark.parametrize("transpose_rhs", [False, True])
 @pytest.mark.parametrize(
     "rows, k, n, groups",
     [(8192, 2880, 5760, 128), (4, 2880, 2880, 128), (65536, 4096, 4096, 256), (8, 2048, 4096, 256)],
 )
-def test_gmm_lowers_for_h200(rows, k, n, groups, transpose_rhs):
+def test_gmm_lowers_for_h200(rows, k, n, groups, transpose_rhs, consumers):
     rhs = SDS((groups, n, k) if transpose_rhs else (groups, k, n), BF16)
-    fn = functools.partial(gmm_mgpu.gmm, transpose_rhs=transpose_rhs)
+    cfg = gmm_mgpu.MosaicConfig(num_stages=4 if consumers == 1 else 3, consumers=consumers)
+    fn = functools.partial(gmm_mgpu.gmm, transpose_rhs=transpose_rhs, config=cfg)
+    if consumers == 2 and n % 128:  # 45 units of 64 columns cannot be split in two
+        with pytest.raises(ValueError, match="multiple of 128"):
+            _lower_for_h200(fn, SDS((rows, k), BF16), rhs, SDS((groups,), jnp.int32))
+        return
     text = _lower_for_h200(fn, SDS((rows, k), BF16), rhs, SDS((groups,), jnp.int32))
     assert "mosaic_gpu_v2" in text
 

@@ -51,21 +51,26 @@ class MosaicConfig:
     block_k: int = 64  # 64 bf16 = 128 bytes: the widest TMA swizzle
     num_stages: int = 4  # shared-memory slots of the TMA ring
     grid_tile_n: int = 4  # planar-snake band width over n-tiles (L2 reuse of lhs and rhs)
+    # 1: one warpgroup issues TMA and wgmma; 2: warp-specialised, a producer warpgroup feeds two
+    # consumer warpgroups that each own block_n columns of a [block_m, 2 * block_n] tile.
+    consumers: int = 1
 
     def fit(self, n: int, k: int) -> "MosaicConfig":
         """The largest block_n (block_k) of at most the configured size that divides N (K)."""
 
-        def divisor(block: int, dim: int, name: str) -> int:
-            for b in (block, 256, 192, 128, 64, 32, 16):
-                if b <= block and dim % b == 0:
+        def divisor(block: int, dim: int, name: str, unit: int = 16) -> int:
+            for b in (block, 512, 384, 256, 192, 128, 64, 32, 16):
+                if b <= block and b % unit == 0 and dim % b == 0:
                     return b
             raise ValueError(
-                f"gmm_mgpu: {name}={dim} is not a multiple of 16, which the Mosaic GPU kernel "
-                'needs (TMA boxes); use implementation="pallas_triton", which masks tails.'
+                f"gmm_mgpu: {name}={dim} is not a multiple of {unit}, which this Mosaic GPU "
+                'config needs (TMA boxes); use implementation="pallas_triton", which masks tails.'
             )
 
+        # Two consumers split the tile's columns at a 64-column (128-byte swizzle) boundary.
+        cta_n = divisor(self.consumers * self.block_n, n, "N", 16 if self.consumers == 1 else 128)
         return dataclasses.replace(
-            self, block_n=divisor(self.block_n, n, "N"), block_k=divisor(self.block_k, k, "K")
+            self, block_n=cta_n // self.consumers, block_k=divisor(self.block_k, k, "K")
         )
 
 
@@ -111,6 +116,120 @@ def schedule(group_sizes: jax.Array, num_rows: int, block_m: int) -> Schedule:
     row_start = jnp.maximum(starts[group], 8 * tile8)
     row_end = jnp.where(used, jnp.minimum(ends[group], 8 * tile8 + block_m), row_start)
     return Schedule(group=group, tile8=tile8, row_start=row_start, row_end=row_end)
+
+
+def _store_rows(o_smem, out_gmem, a0, row_start, size, col0):
+    """Store rows [row_start, row_start + size) of the tile o_smem (whose row 0 is lhs row a0) to
+    out_gmem at columns [col0, col0 + width): one TMA box per set bit of size."""
+    plgpu.commit_smem()
+    bm, width = o_smem.shape
+    offset = row_start - a0
+    rows = bm
+    while rows:
+
+        @pl.when(size & rows != 0)
+        def _(offset=offset, rows=rows):  # traced at once; defaults for lint
+            plgpu.copy_smem_to_gmem(
+                o_smem.at[pl.ds(offset, rows)],
+                out_gmem.at[pl.ds(a0 + offset, rows), pl.ds(col0, width)],
+            )
+
+        offset += size & rows
+        rows //= 2
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+
+
+def _kernel_ws(
+    group_gmem,
+    tile8_gmem,
+    row_start_gmem,
+    row_end_gmem,
+    lhs_gmem,
+    rhs_gmem,
+    out_gmem,
+    *,
+    num_groups: int,
+    num_visits: int,
+    cfg: MosaicConfig,
+    transpose_rhs: bool,
+):
+    """Warp-specialised `_kernel`: warpgroup 2 issues the TMA loads of a [block_m, 2 * block_n]
+    tile, warpgroups 0 and 1 run wgmma on its two column halves and store them."""
+    lhs_rows, k_dim = lhs_gmem.shape
+    n_dim = out_gmem.shape[1]
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    cta_n = 2 * bn
+    n_tiles = n_dim // cta_n
+
+    def pipeline(body, compute_context):
+        return plgpu.emit_pipeline_warp_specialized(
+            body,
+            grid=(k_dim // bk,),
+            memory_registers=40,
+            in_specs=[
+                plgpu.BlockSpec((bm, bk), lambda kk: (0, kk), memory_space=plgpu.SMEM),
+                plgpu.BlockSpec(
+                    (cta_n, bk) if transpose_rhs else (bk, cta_n),
+                    (lambda kk: (0, kk)) if transpose_rhs else (lambda kk: (kk, 0)),
+                    memory_space=plgpu.SMEM,
+                ),
+            ],
+            wg_axis="wg",
+            num_compute_wgs=2,
+            max_concurrent_steps=cfg.num_stages,
+            compute_context=compute_context,
+        )
+
+    def rhs_window(g, col0):
+        rhs_g = rhs_gmem.at[jnp.minimum(g, num_groups - 1)]
+        return rhs_g.at[pl.ds(col0, cta_n)] if transpose_rhs else rhs_g.at[:, pl.ds(col0, cta_n)]
+
+    ignore = lambda *_, **__: None  # allocations do not depend on the bodies
+
+    @functools.partial(
+        pl.run_scoped,
+        allocs=pipeline(ignore, ignore).get_allocations(
+            lhs_gmem.at[pl.ds(0, bm)], rhs_window(0, 0)
+        ),
+        o_smem=plgpu.SMEM((2, bm, bn), out_gmem.dtype),
+        collective_axes="wg",
+    )
+    def _scope(allocs, o_smem):
+        wg = jax.lax.axis_index("wg")
+        wg_cols = pl.ds(wg * bn, bn)
+
+        @plgpu.nd_loop((num_visits * n_tiles,), collective_axes="sm")
+        def _visit(info: plgpu.NDLoopInfo):
+            v, ni = plgpu.planar_snake(info.index[0], (num_visits, n_tiles), 1, cfg.grid_tile_n)
+            g = group_gmem[v]
+            row_start = row_start_gmem[v]
+            size = row_end_gmem[v] - row_start
+            a0 = pl.multiple_of(jnp.minimum(tile8_gmem[v], (lhs_rows - bm) // 8) * 8, 8)
+            col0 = ni * cta_n
+
+            def compute_context(eval_pipeline):
+                @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((bm, bn), jnp.float32))
+                def _(acc_ref):
+                    eval_pipeline(acc_ref)
+                    o_smem[wg] = acc_ref[...].astype(o_smem.dtype)
+                    _store_rows(o_smem.at[wg], out_gmem, a0, row_start, size, col0 + wg * bn)
+
+            def mma(_, a_smem, b_smem, acc_ref):
+                b = b_smem.at[wg_cols].T if transpose_rhs else b_smem.at[:, wg_cols]
+                plgpu.wgmma(acc_ref, a_smem, b)
+                plgpu.wgmma_wait(0)
+                return acc_ref
+
+            @pl.when((size > 0) & (g < num_groups))
+            def _grouped_rows():
+                pipeline(mma, compute_context)(
+                    lhs_gmem.at[pl.ds(a0, bm)], rhs_window(g, col0), allocations=allocs
+                )
+
+            @pl.when((size > 0) & (g == num_groups) & (wg < 2))
+            def _tail_rows():
+                o_smem[wg] = jnp.zeros((bm, bn), o_smem.dtype)
+                _store_rows(o_smem.at[wg], out_gmem, a0, row_start, size, col0 + wg * bn)
 
 
 def _kernel(
@@ -172,22 +291,7 @@ def _kernel(
                 def _tail_rows():
                     o_smem[...] = jnp.zeros((bm, bn), o_smem.dtype)
 
-                plgpu.commit_smem()
-                # Rows [row_start, row_start + size) as one TMA box per set bit of size.
-                offset = row_start - a0
-                rows = bm
-                while rows:
-
-                    @pl.when(size & rows != 0)
-                    def _(offset=offset, rows=rows):  # traced at once; defaults for lint
-                        plgpu.copy_smem_to_gmem(
-                            o_smem.at[pl.ds(offset, rows)],
-                            out_gmem.at[pl.ds(a0 + offset, rows), pl.ds(ni * bn, bn)],
-                        )
-
-                    offset += size & rows
-                    rows //= 2
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                _store_rows(o_smem, out_gmem, a0, row_start, size, ni * bn)
 
 
 def gmm(
@@ -231,7 +335,7 @@ def gmm(
     if lhs_rows > num_rows:
         lhs = jnp.pad(lhs, ((0, lhs_rows - num_rows), (0, 0)))
     kernel = functools.partial(
-        _kernel,
+        _kernel if cfg.consumers == 1 else _kernel_ws,
         num_groups=num_groups,
         num_visits=sched.group.shape[0],
         cfg=cfg,
@@ -244,6 +348,8 @@ def gmm(
         grid_names=("sm",),
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=plgpu.InterpretGPUParams() if _backend.interpret_mode() else None,
+        num_threads=None if cfg.consumers == 1 else 3,
+        thread_name=None if cfg.consumers == 1 else "wg",
         kernel_name="gmm_mgpu_t" if transpose_rhs else "gmm_mgpu",
     )(*sched, lhs, rhs)
     return out[:num_rows] if lhs_rows > num_rows else out
