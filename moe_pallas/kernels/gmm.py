@@ -21,7 +21,6 @@ tails are masked.
 
 import dataclasses
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +49,17 @@ def check_int32_sizes(kernel: str, **shapes: tuple[int, ...]) -> None:
                 "int32 row and column indices of the kernels; split the tokens into chunks (e.g. "
                 'jax.lax.map over token blocks) or use implementation="xla".'
             )
+
+
+def grouped_dims(lhs, rhs, group_sizes, transpose_rhs: bool) -> tuple[int, int, int]:
+    """(G, K, N) of a grouped matmul lhs [M, K] x rhs [G, K, N] (or [G, N, K] transposed)."""
+    num_groups = rhs.shape[0]
+    k_dim, n_dim = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else rhs.shape[1:]
+    if lhs.shape[1] != k_dim:
+        raise ValueError(f"lhs has K={lhs.shape[1]} columns but rhs contracts over K={k_dim}.")
+    if group_sizes.shape != (num_groups,):
+        raise ValueError(f"group_sizes must be [{num_groups}], got {group_sizes.shape}.")
+    return num_groups, k_dim, n_dim
 
 
 def clamp_group_sizes(group_sizes: jax.Array, num_rows: int) -> jax.Array:
@@ -215,12 +225,7 @@ def gmm(
         raise ValueError(f"activation={activation!r} must be one of {_ACTIVATIONS}.")
     if lhs.ndim != 2 or rhs.ndim != 3:
         raise ValueError(f"gmm needs lhs [M, K] and rhs [G, K, N]; got {lhs.shape}, {rhs.shape}.")
-    num_groups = rhs.shape[0]
-    k_dim, n_dim = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else rhs.shape[1:]
-    if lhs.shape[1] != k_dim:
-        raise ValueError(f"lhs has K={lhs.shape[1]} columns but rhs contracts over K={k_dim}.")
-    if group_sizes.shape != (num_groups,):
-        raise ValueError(f"group_sizes must be [{num_groups}], got {group_sizes.shape}.")
+    num_groups, k_dim, n_dim = grouped_dims(lhs, rhs, group_sizes, transpose_rhs)
     if activation is not None and (transpose_rhs or n_dim % 2):
         raise ValueError("a GLU activation needs a non-transposed rhs with an even column count.")
     if bias is not None and bias.shape != (num_groups, n_dim):

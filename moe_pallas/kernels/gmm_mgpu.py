@@ -38,7 +38,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from moe_pallas import _backend
-from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_sizes
+from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_sizes, grouped_dims
 
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _INTERPRET_SMS = 2  # CTAs in interpret mode: enough to exercise the persistent loop's striding
@@ -316,12 +316,7 @@ def gmm(
             f"gmm_mgpu needs bf16 or f16 lhs and rhs of one dtype (wgmma), got {lhs.dtype} and "
             f'{rhs.dtype}; cast them, or use implementation="pallas_triton".'
         )
-    num_groups = rhs.shape[0]
-    k_dim, n_dim = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else rhs.shape[1:]
-    if lhs.shape[1] != k_dim:
-        raise ValueError(f"lhs has K={lhs.shape[1]} columns but rhs contracts over K={k_dim}.")
-    if group_sizes.shape != (num_groups,):
-        raise ValueError(f"group_sizes must be [{num_groups}], got {group_sizes.shape}.")
+    num_groups, k_dim, n_dim = grouped_dims(lhs, rhs, group_sizes, transpose_rhs)
     num_rows = lhs.shape[0]
     check_int32_sizes("gmm_mgpu", lhs=lhs.shape, rhs=rhs.shape, out=(num_rows, n_dim))
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
