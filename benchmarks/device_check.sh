@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
-# One GPU-machine call that checks and times everything, in priority order, each step under its own
-# time limit: the layer suites (ours), the gpu-marked tests, expert parallelism (when 2+ GPUs) and
-# the demo at seed shapes. Output under $OUT (log.txt, suites/, ep_*.json).
-# Usage on the device: OUT=... BENCH_COMMIT=<sha> bash benchmarks/device_check.sh
+# GPU-machine checks and timings in one call, each step under its own time limit, in the order
+# given by STEPS (default: suites tests ep demo). Output under $OUT (at most 8 files come back from
+# the device tool: log.txt plus a few JSON/plots). Steps:
+#   suites  the two 16-case forward suites of our layer (benchmarks/run.py) -> $OUT/suites/
+#   peers   the same suites for tokamax and torch (carry .peers/)         -> $OUT/peers/
+#   tests   every gpu-marked test
+#   ep      expert parallelism, 1 vs 2 GPUs (skipped with fewer GPUs)     -> $OUT/ep_*.json
+#   demo    python -m moe_pallas demo at seed shapes
+#   gmm     gmm/tgmm kernels at both workloads' shapes                     -> $OUT/gmm.json
+#   mgpu    Mosaic GPU gmm next to Triton                                  -> $OUT/gmm_mgpu.json
+#   layer   fwd+bwd of the layer, per-kernel breakdown, memory             -> $OUT/layer.json
+#   fuzz    the long hypothesis profile, time-capped                       -> $OUT/fuzz.json
+#   memory  peak memory of fwd and fwd+bwd at the largest seed cases      -> $OUT/memory.json
+#   train   python -m moe_pallas train --size small
+# Usage on the device: OUT=... BENCH_COMMIT=<sha> STEPS="suites tests" bash benchmarks/device_check.sh
+# (each step's limit: <STEP>_S seconds, e.g. SUITES_S=150).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the output folder}"
@@ -13,15 +25,31 @@ step() {
   timeout "$limit" "$@"
   echo "== exit $?"
 }
+run_step() {
+  case "$1" in
+    suites) step "${SUITES_S:-150}" bash benchmarks/gpu_run.sh --suite gptoss,swiglu256 \
+              --impls moe_pallas:pallas_triton --out "$OUT/suites" --time-limit "$(( ${SUITES_S:-150} - 20 ))"
+            rm -f "$OUT/suites/roofline.png" "$OUT/suites/results.csv" ;;
+    peers)  step "${PEERS_S:-240}" bash benchmarks/gpu_run.sh --suite gptoss,swiglu256 \
+              --impls tokamax,torch._grouped_mm --out "$OUT/peers" --time-limit "$(( ${PEERS_S:-240} - 20 ))" --no-plots
+            rm -f "$OUT/peers/results.csv" ;;
+    tests)  step "${TESTS_S:-240}" python3 -m pytest -m gpu -v -p no:cacheprovider tests ;;
+    ep)     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+              step "${EP_S:-150}" python3 benchmarks/bench_ep.py --out "$OUT" --budget-s "$(( ${EP_S:-150} - 20 ))"
+            fi ;;
+    demo)   step "${DEMO_S:-45}" python3 -m moe_pallas demo ;;
+    gmm)    step "${GMM_S:-150}" python3 benchmarks/bench_gmm.py --out "$OUT/gmm.json" --no-ragged-dot ;;
+    mgpu)   step "${MGPU_S:-150}" python3 benchmarks/bench_gmm_mgpu.py --out "$OUT/gmm_mgpu.json" ;;
+    layer)  step "${LAYER_S:-180}" python3 benchmarks/bench_layer.py --out "$OUT/layer.json" ;;
+    fuzz)   FUZZ_REPORT="$OUT/fuzz.json" step "${FUZZ_S:-300}" python3 -m pytest tests/test_fuzz.py \
+              --long --fuzz-minutes "$(( ${FUZZ_S:-300} / 60 - 1 ))" -q -p no:cacheprovider ;;
+    memory) step "${MEMORY_S:-180}" python3 -m benchmarks.bench_memory --out "$OUT/memory.json" ;;
+    train)  step "${TRAIN_S:-120}" python3 -m moe_pallas train --size small ;;
+    *)      echo "unknown step $1" ;;
+  esac
+}
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c 'import jax; print("jax", jax.__version__, jax.devices())'
-  step "${SUITES_S:-150}" bash benchmarks/gpu_run.sh --suite gptoss,swiglu256 \
-    --impls moe_pallas:pallas_triton --out "$OUT/suites" --time-limit "${SUITES_LIMIT_S:-130}"
-  rm -f "$OUT/suites/roofline.png" "$OUT/suites/results.csv"
-  step "${TESTS_S:-170}" python3 -m pytest -m gpu -v -p no:cacheprovider tests
-  if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-    step "${EP_S:-100}" python3 benchmarks/bench_ep.py --out "$OUT" --tokens 2048 --budget-s 80
-  fi
-  step "${DEMO_S:-45}" python3 -m moe_pallas demo
+  for s in ${STEPS:-suites tests ep demo}; do run_step "$s"; done
 } 2>&1 | tee "$OUT/log.txt"
