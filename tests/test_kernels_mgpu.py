@@ -69,6 +69,44 @@ def test_gmm_warp_specialised_matches_oracle(transpose_rhs):
     assert rel_err(out, gmm64(lhs, rhs, sizes, transpose_rhs=transpose_rhs)) < 1e-5
 
 
+@pytest.mark.parametrize(
+    "consumers, has_bias, has_row_scale, transpose_rhs",
+    [
+        (1, True, True, False),
+        (1, False, True, True),
+        (1, True, False, False),
+        (2, True, True, True),
+    ],
+)
+def test_gmm_epilogue_matches_oracle(consumers, has_bias, has_row_scale, transpose_rhs):
+    rng = np.random.default_rng(7 + consumers)
+    n = 128 * consumers
+    lhs, rhs, sizes = _inputs(rng, 100, 64, n, [30, 0, 50, 13], transpose_rhs=transpose_rhs)
+    bias = jnp.asarray(rng.standard_normal((4, n)), BF16) if has_bias else None
+    # row_scale may be longer than M (as for the Triton kernel); its extra entries are unused.
+    row_scale = jnp.asarray(rng.random(104) + 0.5, jnp.float32) if has_row_scale else None
+    cfg = gmm_mgpu.MosaicConfig(64, 64, 32, num_stages=2, grid_tile_n=2, consumers=consumers)
+    out = gmm_mgpu.gmm(
+        lhs,
+        rhs,
+        sizes,
+        transpose_rhs=transpose_rhs,
+        bias=bias,
+        row_scale=row_scale,
+        out_dtype=jnp.float32,
+        config=cfg,
+    )
+    ref = gmm64(
+        lhs,
+        rhs,
+        sizes,
+        transpose_rhs=transpose_rhs,
+        bias=bias,
+        row_scale=None if row_scale is None else row_scale[:100],
+    )
+    assert rel_err(out, ref) < 1e-5  # bias and scale are applied in float32
+
+
 def test_gmm_clamps_invalid_group_sizes_like_triton():
     rng = np.random.default_rng(2)
     lhs, rhs, sizes = _inputs(rng, 64, 32, 64, [-5, 40, 100])
@@ -120,6 +158,10 @@ def test_validation_names_the_fix():
         gmm_mgpu.gmm(lhs, jnp.zeros((1, 32, 72), BF16), sizes)
     with pytest.raises(ValueError, match="K=32"):
         gmm_mgpu.gmm(lhs, jnp.zeros((1, 48, 64), BF16), sizes)
+    with pytest.raises(ValueError, match=r"bias must be \[1, 64\]"):
+        gmm_mgpu.gmm(lhs, rhs, sizes, bias=jnp.zeros((64,), BF16))
+    with pytest.raises(ValueError, match="row_scale must be 1-D with >= 8 entries"):
+        gmm_mgpu.gmm(lhs, rhs, sizes, row_scale=jnp.ones((4,), jnp.float32))
 
 
 def _lower_for_h200(fn, *args) -> str:
@@ -142,6 +184,20 @@ def test_gmm_lowers_for_h200(rows, k, n, groups, transpose_rhs, consumers):
             _lower_for_h200(fn, SDS((rows, k), BF16), rhs, SDS((groups,), jnp.int32))
         return
     text = _lower_for_h200(fn, SDS((rows, k), BF16), rhs, SDS((groups,), jnp.int32))
+    assert "mosaic_gpu_v2" in text
+
+
+@pytest.mark.parametrize("consumers", [1, 2])
+@pytest.mark.parametrize(
+    "rows, k, n, groups", [(8192, 2880, 5760, 128), (4, 2048, 4096, 256), (65536, 4096, 4096, 256)]
+)
+def test_gmm_epilogue_lowers_for_h200(rows, k, n, groups, consumers):
+    cfg = gmm_mgpu.MosaicConfig(num_stages=4 if consumers == 1 else 3, consumers=consumers)
+    fn = lambda lhs, rhs, sizes, bias, row_scale: gmm_mgpu.gmm(
+        lhs, rhs, sizes, bias=bias, row_scale=row_scale, config=cfg
+    )
+    args = (SDS((rows, k), BF16), SDS((groups, k, n), BF16), SDS((groups,), jnp.int32))
+    text = _lower_for_h200(fn, *args, SDS((groups, n), BF16), SDS((rows,), jnp.float32))
     assert "mosaic_gpu_v2" in text
 
 

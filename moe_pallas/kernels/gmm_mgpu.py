@@ -2,14 +2,17 @@
 
 Math. Rows m in [0, M) are split into G contiguous groups by `group_sizes`; row m of the product is
 `lhs[m] @ rhs[g]` (`rhs[g]` is `[K, N]`, or `[N, K]` with `transpose_rhs`), accumulated in float32
-by wgmma. Rows past sum(group_sizes) are written as zeros. Same contract as `kernels.gmm.gmm`
-without its gather and epilogue.
+by wgmma; the epilogue adds `bias[g]` and multiplies by `row_scale[m]`, both in float32. Rows past
+sum(group_sizes) are written as zeros. Same contract as `kernels.gmm.gmm` without its row gather
+and GLU activation.
 
 Schedule. A persistent kernel: one CTA per SM walks the (visit, n-tile) pairs of a tile schedule,
 read as scalars from GMEM, so the grid does not depend on G (jax's `ragged_dot_mgpu` example
 unrolls a Python loop over groups instead). Per pair, a TMA pipeline of `num_stages`
 shared-memory slots streams [block_m, block_k] of lhs and [block_k, block_n] of rhs[g] into wgmma
-with a [block_m, block_n] float32 accumulator.
+with a [block_m, block_n] float32 accumulator. The epilogue's operands (bias[g] for the tile's
+columns, row_scale for its rows) are TMA-loaded into shared memory when the visit starts, so they
+land during the main loop.
 
 Ragged rows. Mosaic GPU tiles the swizzled shared-memory buffers in 8-row units and issues the
 TMA load of lhs in those units, so a box's first row must be a multiple of 8 (layout inference
@@ -118,6 +121,50 @@ def schedule(group_sizes: jax.Array, num_rows: int, block_m: int) -> Schedule:
     return Schedule(group=group, tile8=tile8, row_start=row_start, row_end=row_end)
 
 
+class _Epilogue(NamedTuple):
+    """GMEM operands of the epilogue (None when absent) and their shared-memory landing slots."""
+
+    bias_gmem: object  # [G, N] float32
+    row_scale_gmem: object  # [lhs_rows] float32
+    bias_smem: object  # [block_n] float32
+    row_scale_smem: object  # [block_m] float32
+    bias_barrier: object
+    row_scale_barrier: object
+
+    def start(self, g, a0, col0):
+        """Issue the TMA loads of bias[g, col0:col0+bn] and row_scale[a0:a0+bm]."""
+        if self.bias_gmem is not None:
+            bn = self.bias_smem.shape[0]
+            plgpu.copy_gmem_to_smem(
+                self.bias_gmem.at[g, pl.ds(col0, bn)], self.bias_smem, self.bias_barrier
+            )
+        if self.row_scale_gmem is not None:
+            bm = self.row_scale_smem.shape[0]
+            plgpu.copy_gmem_to_smem(
+                self.row_scale_gmem.at[pl.ds(a0, bm)], self.row_scale_smem, self.row_scale_barrier
+            )
+
+    def apply(self, acc):
+        """(acc + bias[None, :]) * row_scale[:, None], in float32; waits for `start`'s loads."""
+        if self.bias_gmem is not None:
+            plgpu.barrier_wait(self.bias_barrier)
+            acc = acc + jax.lax.broadcast_in_dim(self.bias_smem[...], acc.shape, (1,))
+        if self.row_scale_gmem is not None:
+            plgpu.barrier_wait(self.row_scale_barrier)
+            acc = acc * jax.lax.broadcast_in_dim(self.row_scale_smem[...], acc.shape, (0,))
+        return acc
+
+
+def _epilogue_scratch(copies: int, bm: int, bn: int) -> dict:
+    """Shared memory for `copies` epilogues (one per consumer warpgroup)."""
+    return {
+        "bias_smem": plgpu.SMEM((copies, bn), jnp.float32),
+        "row_scale_smem": plgpu.SMEM((copies, bm), jnp.float32),
+        "bias_barriers": plgpu.Barrier(num_arrivals=1, num_barriers=copies),
+        "row_scale_barriers": plgpu.Barrier(num_arrivals=1, num_barriers=copies),
+    }
+
+
 def _store_rows(o_smem, out_gmem, a0, row_start, size, col0):
     """Store rows [row_start, row_start + size) of the tile o_smem (whose row 0 is lhs row a0) to
     out_gmem at columns [col0, col0 + width): one TMA box per set bit of size."""
@@ -146,15 +193,20 @@ def _kernel_ws(
     row_end_gmem,
     lhs_gmem,
     rhs_gmem,
-    out_gmem,
-    *,
+    *refs,
     num_groups: int,
     num_visits: int,
     cfg: MosaicConfig,
     transpose_rhs: bool,
+    has_bias: bool,
+    has_row_scale: bool,
 ):
     """Warp-specialised `_kernel`: warpgroup 2 issues the TMA loads of a [block_m, 2 * block_n]
     tile, warpgroups 0 and 1 run wgmma on its two column halves and store them."""
+    it = iter(refs)
+    bias_gmem = next(it) if has_bias else None
+    row_scale_gmem = next(it) if has_row_scale else None
+    out_gmem = next(it)
     lhs_rows, k_dim = lhs_gmem.shape
     n_dim = out_gmem.shape[1]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -192,11 +244,20 @@ def _kernel_ws(
             lhs_gmem.at[pl.ds(0, bm)], rhs_window(0, 0)
         ),
         o_smem=plgpu.SMEM((2, bm, bn), out_gmem.dtype),
+        **_epilogue_scratch(2, bm, bn),
         collective_axes="wg",
     )
-    def _scope(allocs, o_smem):
+    def _scope(allocs, o_smem, bias_smem, row_scale_smem, bias_barriers, row_scale_barriers):
         wg = jax.lax.axis_index("wg")
         wg_cols = pl.ds(wg * bn, bn)
+        epilogue = _Epilogue(
+            bias_gmem,
+            row_scale_gmem,
+            bias_smem.at[wg],
+            row_scale_smem.at[wg],
+            bias_barriers.at[wg],
+            row_scale_barriers.at[wg],
+        )
 
         @plgpu.nd_loop((num_visits * n_tiles,), collective_axes="sm")
         def _visit(info: plgpu.NDLoopInfo):
@@ -210,8 +271,9 @@ def _kernel_ws(
             def compute_context(eval_pipeline):
                 @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((bm, bn), jnp.float32))
                 def _(acc_ref):
+                    epilogue.start(g, a0, col0 + wg * bn)
                     eval_pipeline(acc_ref)
-                    o_smem[wg] = acc_ref[...].astype(o_smem.dtype)
+                    o_smem[wg] = epilogue.apply(acc_ref[...]).astype(o_smem.dtype)
                     _store_rows(o_smem.at[wg], out_gmem, a0, row_start, size, col0 + wg * bn)
 
             def mma(_, a_smem, b_smem, acc_ref):
@@ -239,59 +301,76 @@ def _kernel(
     row_end_gmem,
     lhs_gmem,
     rhs_gmem,
-    out_gmem,
-    *,
+    *refs,
     num_groups: int,
     num_visits: int,
     cfg: MosaicConfig,
     transpose_rhs: bool,
+    has_bias: bool,
+    has_row_scale: bool,
 ):
+    it = iter(refs)
+    bias_gmem = next(it) if has_bias else None
+    row_scale_gmem = next(it) if has_row_scale else None
+    out_gmem = next(it)
     lhs_rows, k_dim = lhs_gmem.shape
     n_dim = out_gmem.shape[1]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     n_tiles = n_dim // bn
 
-    @plgpu.nd_loop((num_visits * n_tiles,), collective_axes="sm")
-    def _visit(info: plgpu.NDLoopInfo):
-        v, ni = plgpu.planar_snake(info.index[0], (num_visits, n_tiles), 1, cfg.grid_tile_n)
-        g = group_gmem[v]
-        row_start = row_start_gmem[v]
-        size = row_end_gmem[v] - row_start
-        # The lhs box: 8-row aligned (see the module docstring), ending inside lhs.
-        a0 = pl.multiple_of(jnp.minimum(tile8_gmem[v], (lhs_rows - bm) // 8) * 8, 8)
+    @functools.partial(pl.run_scoped, **_epilogue_scratch(1, bm, bn))
+    def _scope(bias_smem, row_scale_smem, bias_barriers, row_scale_barriers):
+        epilogue = _Epilogue(
+            bias_gmem,
+            row_scale_gmem,
+            bias_smem.at[0],
+            row_scale_smem.at[0],
+            bias_barriers.at[0],
+            row_scale_barriers.at[0],
+        )
 
-        def product(acc_ref):
-            plgpu.emit_pipeline(
-                lambda _, a_smem, b_smem: plgpu.wgmma(
-                    acc_ref, a_smem, b_smem.T if transpose_rhs else b_smem
-                ),
-                grid=(k_dim // bk,),
-                in_specs=[
-                    plgpu.BlockSpec((bm, bk), lambda kk: (0, kk), delay_release=1),
-                    plgpu.BlockSpec(
-                        (bn, bk) if transpose_rhs else (bk, bn),
-                        (lambda kk: (ni, kk)) if transpose_rhs else (lambda kk: (kk, ni)),
-                        delay_release=1,
+        @plgpu.nd_loop((num_visits * n_tiles,), collective_axes="sm")
+        def _visit(info: plgpu.NDLoopInfo):
+            v, ni = plgpu.planar_snake(info.index[0], (num_visits, n_tiles), 1, cfg.grid_tile_n)
+            g = group_gmem[v]
+            row_start = row_start_gmem[v]
+            size = row_end_gmem[v] - row_start
+            # The lhs box: 8-row aligned (see the module docstring), ending inside lhs.
+            a0 = pl.multiple_of(jnp.minimum(tile8_gmem[v], (lhs_rows - bm) // 8) * 8, 8)
+
+            def product(acc_ref):
+                plgpu.emit_pipeline(
+                    lambda _, a_smem, b_smem: plgpu.wgmma(
+                        acc_ref, a_smem, b_smem.T if transpose_rhs else b_smem
                     ),
-                ],
-                max_concurrent_steps=cfg.num_stages,
-            )(lhs_gmem.at[pl.ds(a0, bm)], rhs_gmem.at[jnp.minimum(g, num_groups - 1)])
-            return acc_ref[...]
+                    grid=(k_dim // bk,),
+                    in_specs=[
+                        plgpu.BlockSpec((bm, bk), lambda kk: (0, kk), delay_release=1),
+                        plgpu.BlockSpec(
+                            (bn, bk) if transpose_rhs else (bk, bn),
+                            (lambda kk: (ni, kk)) if transpose_rhs else (lambda kk: (kk, ni)),
+                            delay_release=1,
+                        ),
+                    ],
+                    max_concurrent_steps=cfg.num_stages,
+                )(lhs_gmem.at[pl.ds(a0, bm)], rhs_gmem.at[jnp.minimum(g, num_groups - 1)])
+                return acc_ref[...]
 
-        @pl.when(size > 0)
-        def _store():
-            @functools.partial(pl.run_scoped, o_smem=plgpu.SMEM((bm, bn), out_gmem.dtype))
-            def _(o_smem):
-                @pl.when(g < num_groups)
-                def _grouped_rows():
-                    acc = pl.run_scoped(product, plgpu.ACC((bm, bn)))
-                    o_smem[...] = acc.astype(o_smem.dtype)
+            @pl.when(size > 0)
+            def _store():
+                @functools.partial(pl.run_scoped, o_smem=plgpu.SMEM((bm, bn), out_gmem.dtype))
+                def _(o_smem):
+                    @pl.when(g < num_groups)
+                    def _grouped_rows():
+                        epilogue.start(g, a0, ni * bn)
+                        acc = pl.run_scoped(product, plgpu.ACC((bm, bn)))
+                        o_smem[...] = epilogue.apply(acc).astype(o_smem.dtype)
 
-                @pl.when(g == num_groups)
-                def _tail_rows():
-                    o_smem[...] = jnp.zeros((bm, bn), o_smem.dtype)
+                    @pl.when(g == num_groups)
+                    def _tail_rows():
+                        o_smem[...] = jnp.zeros((bm, bn), o_smem.dtype)
 
-                _store_rows(o_smem, out_gmem, a0, row_start, size, ni * bn)
+                    _store_rows(o_smem, out_gmem, a0, row_start, size, ni * bn)
 
 
 def gmm(
@@ -300,14 +379,17 @@ def gmm(
     group_sizes: jax.Array,
     *,
     transpose_rhs: bool = False,
+    bias: jax.Array | None = None,
+    row_scale: jax.Array | None = None,
     out_dtype=None,
     config: MosaicConfig | None = None,
 ) -> jax.Array:
     """Grouped matmul (see the module docstring) with the Mosaic GPU backend.
 
-    lhs `[M, K]`, rhs `[G, K, N]` (`[G, N, K]` if transpose_rhs), group_sizes `[G]` int32. Returns
-    `[M, N]` in out_dtype (default lhs.dtype). Off GPU (`_backend.interpret_mode()`) it runs in
-    Mosaic GPU interpret mode: slow, for tests.
+    lhs `[M, K]`, rhs `[G, K, N]` (`[G, N, K]` if transpose_rhs), group_sizes `[G]` int32, bias
+    `[G, N]`, row_scale `[≥M]` (both floating, applied in float32). Returns `[M, N]` in out_dtype
+    (default lhs.dtype). Off GPU (`_backend.interpret_mode()`) it runs in Mosaic GPU interpret mode:
+    slow, for tests.
     """
     if lhs.ndim != 2 or rhs.ndim != 3:
         raise ValueError(f"gmm needs lhs [M, K] and rhs [G, K, N]; got {lhs.shape}, {rhs.shape}.")
@@ -318,6 +400,14 @@ def gmm(
         )
     num_groups, k_dim, n_dim = grouped_dims(lhs, rhs, group_sizes, transpose_rhs)
     num_rows = lhs.shape[0]
+    if bias is not None and bias.shape != (num_groups, n_dim):
+        raise ValueError(
+            f"bias must be [{num_groups}, {n_dim}] (one row per group), got {bias.shape}."
+        )
+    if row_scale is not None and (row_scale.ndim != 1 or row_scale.shape[0] < num_rows):
+        raise ValueError(
+            f"row_scale must be 1-D with >= {num_rows} entries, got {row_scale.shape}."
+        )
     check_int32_sizes("gmm_mgpu", lhs=lhs.shape, rhs=rhs.shape, out=(num_rows, n_dim))
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     if num_rows == 0 or n_dim == 0 or k_dim == 0:
@@ -329,12 +419,20 @@ def gmm(
     lhs_rows = max(-(-num_rows // 8) * 8, cfg.block_m)
     if lhs_rows > num_rows:
         lhs = jnp.pad(lhs, ((0, lhs_rows - num_rows), (0, 0)))
+    operands = [*sched, lhs, rhs]
+    if bias is not None:
+        operands.append(bias.astype(jnp.float32))
+    if row_scale is not None:  # read in the lhs box's rows
+        row_scale = row_scale[:num_rows].astype(jnp.float32)
+        operands.append(jnp.pad(row_scale, (0, lhs_rows - num_rows)))
     kernel = functools.partial(
         _kernel if cfg.consumers == 1 else _kernel_ws,
         num_groups=num_groups,
         num_visits=sched.group.shape[0],
         cfg=cfg,
         transpose_rhs=transpose_rhs,
+        has_bias=bias is not None,
+        has_row_scale=row_scale is not None,
     )
     out = plgpu.kernel(
         kernel,
@@ -346,5 +444,5 @@ def gmm(
         num_threads=None if cfg.consumers == 1 else 3,
         thread_name=None if cfg.consumers == 1 else "wg",
         kernel_name="gmm_mgpu_t" if transpose_rhs else "gmm_mgpu",
-    )(*sched, lhs, rhs)
+    )(*operands)
     return out[:num_rows] if lhs_rows > num_rows else out
