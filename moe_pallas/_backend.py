@@ -20,7 +20,7 @@ def resolve(implementation: str, *, mosaic_gpu: bool = False) -> str:
 
     "auto" picks pallas_triton on GPU and xla elsewhere (never mosaic_gpu: untimed); an explicit
     Pallas backend off GPU runs the kernels in interpret mode (slow, for tests). "mosaic_gpu" is
-    accepted only by callers that have a Mosaic GPU kernel (`mosaic_gpu=True`: ragged_dot).
+    accepted only by callers that have Mosaic GPU kernels (`mosaic_gpu=True`: ragged_dot, tgmm).
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
@@ -29,7 +29,7 @@ def resolve(implementation: str, *, mosaic_gpu: bool = False) -> str:
         )
     if implementation == "mosaic_gpu" and not mosaic_gpu:
         raise NotImplementedError(
-            'implementation="mosaic_gpu" is implemented for ragged_dot only so far; use '
+            'implementation="mosaic_gpu" is implemented for ragged_dot and tgmm only so far; use '
             '"pallas_triton" (or "auto").'
         )
     if implementation == "auto":

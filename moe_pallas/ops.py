@@ -1,8 +1,9 @@
 """Differentiable grouped matmuls: `ragged_dot` (drop-in for jax.lax.ragged_dot) and `tgmm`.
 
-Both take the backend by `implementation` ("auto", "pallas_triton", "xla"; "mosaic_gpu" for
-ragged_dot's forward, its gradients run the Triton kernels), see `moe_pallas._backend.resolve`.
-The Pallas path has a custom VJP built from the same two kernels:
+Both take the backend by `implementation` ("auto", "pallas_triton", "xla", "mosaic_gpu"), see
+`moe_pallas._backend.resolve`. The Pallas path has a custom VJP built from the same two kernels
+(with "mosaic_gpu", a gradient runs the Mosaic GPU kernels when its operands share one 16-bit
+dtype, e.g. a bf16 cotangent of bf16 operands, and the Triton kernels otherwise):
 
     ragged_dot: out[m] = lhs[m] @ rhs[g(m)]        d_lhs = gmm(d_out, rhs, transpose_rhs)
                                                    d_rhs = tgmm(lhs, d_out)
@@ -20,6 +21,7 @@ from moe_pallas import _backend, debug
 from moe_pallas.kernels import gmm as _gmm
 from moe_pallas.kernels import gmm_mgpu as _gmm_mgpu
 from moe_pallas.kernels import tgmm as _tgmm
+from moe_pallas.kernels import tgmm_mgpu as _tgmm_mgpu
 from moe_pallas.kernels.gmm import clamp_group_sizes
 
 
@@ -49,6 +51,12 @@ def _out_dtype(lhs, rhs, preferred_element_type):
     return jnp.dtype(preferred_element_type or jnp.promote_types(lhs.dtype, rhs.dtype))
 
 
+def _mosaic(backend: str, *operands: jax.Array) -> bool:
+    """Whether a "mosaic_gpu" kernel takes these operands: wgmma reads one 16-bit dtype."""
+    dtypes = {x.dtype for x in operands}
+    return backend == "mosaic_gpu" and len(dtypes) == 1 and dtypes.pop() in _gmm_mgpu.DTYPES
+
+
 def _zero_cotangent(group_sizes):
     return np.zeros(group_sizes.shape, jax.dtypes.float0)
 
@@ -66,8 +74,12 @@ def _ragged_dot_fwd(lhs, rhs, group_sizes, out_dtype, backend):
 
 def _ragged_dot_bwd(out_dtype, backend, res, d_out):
     lhs, rhs, group_sizes = res
-    d_lhs = _gmm(d_out, rhs, group_sizes, transpose_rhs=True, out_dtype=lhs.dtype)
-    d_rhs = _tgmm(lhs, d_out, group_sizes, out_dtype=rhs.dtype)
+    if _mosaic(backend, lhs, rhs, d_out):
+        d_lhs = _gmm_mgpu.gmm(d_out, rhs, group_sizes, transpose_rhs=True, out_dtype=lhs.dtype)
+        d_rhs = _tgmm_mgpu.tgmm(lhs, d_out, group_sizes, out_dtype=rhs.dtype)
+    else:
+        d_lhs = _gmm(d_out, rhs, group_sizes, transpose_rhs=True, out_dtype=lhs.dtype)
+        d_rhs = _tgmm(lhs, d_out, group_sizes, out_dtype=rhs.dtype)
     return d_lhs, d_rhs, _zero_cotangent(group_sizes)
 
 
@@ -78,7 +90,8 @@ def _gmm_any(backend, lhs, rhs, group_sizes, out_dtype, transpose_rhs=False):
     if backend == "xla":
         rhs = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
         return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=out_dtype)
-    return _gmm(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype)
+    gmm = _gmm_mgpu.gmm if _mosaic(backend, lhs, rhs) else _gmm
+    return gmm(lhs, rhs, group_sizes, transpose_rhs=transpose_rhs, out_dtype=out_dtype)
 
 
 # jax.lax.ragged_dot_general has no VJP in this ragged-contracting mode, so both backends use ours.
@@ -94,6 +107,8 @@ def _tgmm_vjp(lhs, rhs, group_sizes, out_dtype, backend):
             lhs, rhs, group_sizes, dims, preferred_element_type=out_dtype
         )
         return out.astype(out_dtype)
+    if backend == "mosaic_gpu":
+        return _tgmm_mgpu.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
     return _tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
 
 
@@ -160,7 +175,7 @@ def tgmm(
     lhs `[M, K]`, rhs `[M, N]`, group_sizes `[G]` integer. Returns `[G, K, N]`; empty groups are
     zero.
     """
-    backend = _backend.resolve(implementation)
+    backend = _backend.resolve(implementation, mosaic_gpu=True)
     if lhs.ndim != 2 or rhs.ndim != 2:
         raise ValueError(f"lhs and rhs must be 2-D ([M, K], [M, N]), got {lhs.shape}, {rhs.shape}.")
     if lhs.shape[0] != rhs.shape[0]:

@@ -15,8 +15,8 @@ import pytest
 from jax.sharding import AbstractDevice, AbstractMesh
 
 import moe_pallas
-from moe_pallas.kernels import gmm_mgpu
-from tests.test_kernels_gmm import gmm64, rel_err
+from moe_pallas.kernels import gmm_mgpu, tgmm_mgpu
+from tests.test_kernels_gmm import gmm64, rel_err, tgmm64
 
 SMALL = gmm_mgpu.MosaicConfig(block_m=64, block_n=64, block_k=32, num_stages=2, grid_tile_n=2)
 BF16 = jnp.bfloat16
@@ -210,3 +210,103 @@ def test_ragged_dot_lowers_to_mosaic_gpu_and_shared_memory_overflow_is_caught():
     too_big = gmm_mgpu.MosaicConfig(block_m=256, block_n=256, block_k=64, num_stages=8)
     with pytest.raises(ValueError, match="exceeds available shared memory"):
         _lower_for_h200(functools.partial(gmm_mgpu.gmm, config=too_big), *args)
+
+
+TGMM_SMALL = tgmm_mgpu.TgmmMosaicConfig(block_m=64, block_k=64, block_n=32, num_stages=2)
+
+
+@pytest.mark.parametrize(
+    "num_rows, group_sizes",
+    [
+        (100, [30, 0, 50, 13]),  # unaligned group starts, an empty group, zero tail, M % 64 != 0
+        (128, [0, 128, 0]),  # one hot group over two row blocks
+        (1, [0, 1, 0]),  # T = 1
+        (200, [5, 7, 9, 51, 0, 100]),  # tiny groups sharing one row block
+    ],
+)
+def test_tgmm_matches_oracle(num_rows, group_sizes):
+    rng = np.random.default_rng(10 + num_rows)
+    lhs = jnp.asarray(rng.standard_normal((num_rows, 128)), BF16)
+    rhs = jnp.asarray(rng.standard_normal((num_rows, 64)), BF16)
+    sizes = jnp.asarray(group_sizes, jnp.int32)
+    out = tgmm_mgpu.tgmm(lhs, rhs, sizes, out_dtype=jnp.float32, config=TGMM_SMALL)
+    assert out.shape == (len(group_sizes), 128, 64) and out.dtype == jnp.float32
+    assert rel_err(out, tgmm64(lhs, rhs, group_sizes)) < 1e-5  # bf16 products are exact in f32
+    for g in np.flatnonzero(np.asarray(group_sizes) == 0):
+        assert not np.asarray(out[g]).any()  # exact zeros, not a small residue
+
+
+def test_tgmm_clamps_invalid_group_sizes_and_validates():
+    rng = np.random.default_rng(11)
+    lhs = jnp.asarray(rng.standard_normal((64, 64)), BF16)
+    rhs = jnp.asarray(rng.standard_normal((64, 32)), BF16)
+    out = tgmm_mgpu.tgmm(lhs, rhs, jnp.asarray([-5, 40, 100], jnp.int32), config=TGMM_SMALL)
+    assert out.dtype == BF16
+    assert rel_err(out, tgmm64(lhs, rhs, [0, 40, 24])) < 1e-2
+    with pytest.raises(TypeError, match="pallas_triton"):
+        tgmm_mgpu.tgmm(lhs.astype(jnp.float32), rhs, jnp.asarray([64], jnp.int32))
+    with pytest.raises(ValueError, match="K=32 is not a multiple of 64"):
+        tgmm_mgpu.tgmm(lhs[:, :32], rhs, jnp.asarray([64], jnp.int32))
+    with pytest.raises(ValueError, match="same rows"):
+        tgmm_mgpu.tgmm(lhs, rhs[:8], jnp.asarray([64], jnp.int32))
+
+
+def test_tgmm_op_and_bf16_grads_run_mosaic_gpu():
+    """ops.tgmm and ragged_dot with implementation="mosaic_gpu": forward and bf16 gradients
+    against float64 oracles (bf16 cotangents take the Mosaic GPU kernels)."""
+    rng = np.random.default_rng(12)
+    sizes_np = [20, 0, 44]
+    lhs, rhs, sizes = _inputs(rng, 64, 64, 64, sizes_np)
+    d_out = jnp.asarray(rng.standard_normal((64, 64)), BF16)
+    out, vjp = jax.vjp(
+        lambda a, b: moe_pallas.ragged_dot(a, b, sizes, implementation="mosaic_gpu"), lhs, rhs
+    )
+    d_lhs, d_rhs = vjp(d_out)
+    assert out.dtype == d_lhs.dtype == d_rhs.dtype == BF16
+    assert rel_err(out, gmm64(lhs, rhs, sizes_np)) < 1e-2
+    assert rel_err(d_lhs, gmm64(d_out, rhs, sizes_np, transpose_rhs=True)) < 1e-2
+    assert rel_err(d_rhs, tgmm64(lhs, d_out, sizes_np)) < 1e-2
+
+    y = jnp.asarray(rng.standard_normal((64, 32)), BF16)
+    d_w = jnp.asarray(rng.standard_normal((3, 64, 32)), BF16)
+    w, vjp = jax.vjp(lambda a, b: moe_pallas.tgmm(a, b, sizes, implementation="mosaic_gpu"), lhs, y)
+    d_x, d_y = vjp(d_w)
+    assert rel_err(w, tgmm64(lhs, y, sizes_np)) < 1e-2
+    assert rel_err(d_x, gmm64(y, d_w, sizes_np, transpose_rhs=True)) < 1e-2
+    assert rel_err(d_y, gmm64(lhs, d_w, sizes_np)) < 1e-2
+
+
+@pytest.mark.parametrize(
+    "rows, k, n, groups",
+    [
+        (8192, 2880, 5760, 128),
+        (8, 2880, 2880, 128),
+        (65536, 4096, 4096, 256),
+        (100, 2048, 4096, 256),
+    ],
+)
+def test_tgmm_lowers_for_h200(rows, k, n, groups):
+    args = SDS((rows, k), BF16), SDS((rows, n), BF16), SDS((groups,), jnp.int32)
+    assert "mosaic_gpu_v2" in _lower_for_h200(tgmm_mgpu.tgmm, *args)
+
+
+def test_mosaic_gpu_training_step_lowers_without_triton():
+    """ragged_dot's bf16 forward and backward lower to Mosaic GPU kernels only (gpt-oss seed
+    shapes), and an oversized tgmm config is refused at lowering."""
+    lhs, rhs, sizes = SDS((8192, 2880), BF16), SDS((128, 2880, 5760), BF16), SDS((128,), jnp.int32)
+
+    def loss(a, b, s):
+        out = moe_pallas.ragged_dot(a, b, s, implementation="mosaic_gpu")
+        return jnp.sum(out.astype(jnp.float32) ** 2)
+
+    grads = jax.grad(lambda a, b, s: loss(a, b, s).astype(BF16), (0, 1))
+    text = _lower_for_h200(grads, lhs, rhs, sizes)
+    assert text.count("mosaic_gpu_v2") >= 3 and "__gpu$xla.gpu.triton" not in text
+    too_big = tgmm_mgpu.TgmmMosaicConfig(block_m=128, block_k=256, block_n=256, num_stages=8)
+    with pytest.raises(ValueError, match="exceeds available shared memory"):
+        _lower_for_h200(
+            functools.partial(tgmm_mgpu.tgmm, config=too_big),
+            lhs,
+            SDS((8192, 5760), BF16),
+            sizes,
+        )

@@ -43,8 +43,19 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from moe_pallas import _backend
 from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_sizes, grouped_dims
 
-_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _INTERPRET_SMS = 2  # CTAs in interpret mode: enough to exercise the persistent loop's striding
+
+
+def fit_block(kernel: str, block: int, dim: int, name: str, unit: int) -> int:
+    """The largest block of at most `block` elements, a multiple of `unit`, that divides `dim`."""
+    for b in (block, 512, 384, 256, 192, 128, 64, 32, 16):
+        if b <= block and b % unit == 0 and dim % b == 0:
+            return b
+    raise ValueError(
+        f"{kernel}: {name}={dim} is not a multiple of {unit}, which this Mosaic GPU config needs "
+        '(TMA boxes, wgmma); use implementation="pallas_triton", which masks tails.'
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,24 +71,17 @@ class MosaicConfig:
 
     def fit(self, n: int, k: int) -> "MosaicConfig":
         """The largest block_n (block_k) of at most the configured size that divides N (K)."""
-
-        def divisor(block: int, dim: int, name: str, unit: int = 16) -> int:
-            for b in (block, 512, 384, 256, 192, 128, 64, 32, 16):
-                if b <= block and b % unit == 0 and dim % b == 0:
-                    return b
-            raise ValueError(
-                f"gmm_mgpu: {name}={dim} is not a multiple of {unit}, which this Mosaic GPU "
-                'config needs (TMA boxes); use implementation="pallas_triton", which masks tails.'
-            )
-
         # Two consumers split the tile's columns at a 64-column (128-byte swizzle) boundary.
-        cta_n = divisor(self.consumers * self.block_n, n, "N", 16 if self.consumers == 1 else 128)
+        unit = 16 if self.consumers == 1 else 128
+        cta_n = fit_block("gmm_mgpu", self.consumers * self.block_n, n, "N", unit)
         return dataclasses.replace(
-            self, block_n=cta_n // self.consumers, block_k=divisor(self.block_k, k, "K")
+            self,
+            block_n=cta_n // self.consumers,
+            block_k=fit_block("gmm_mgpu", self.block_k, k, "K", 16),
         )
 
 
-def _num_sms() -> int:
+def num_sms() -> int:
     """CTAs of the persistent grid: one per SM of the target GPU."""
     device = jax.sharding.get_abstract_mesh().abstract_device
     if device is not None and device.platform == "gpu":
@@ -393,7 +397,7 @@ def gmm(
     """
     if lhs.ndim != 2 or rhs.ndim != 3:
         raise ValueError(f"gmm needs lhs [M, K] and rhs [G, K, N]; got {lhs.shape}, {rhs.shape}.")
-    if lhs.dtype != rhs.dtype or lhs.dtype not in _DTYPES:
+    if lhs.dtype != rhs.dtype or lhs.dtype not in DTYPES:
         raise TypeError(
             f"gmm_mgpu needs bf16 or f16 lhs and rhs of one dtype (wgmma), got {lhs.dtype} and "
             f'{rhs.dtype}; cast them, or use implementation="pallas_triton".'
@@ -437,7 +441,7 @@ def gmm(
     out = plgpu.kernel(
         kernel,
         out_type=jax.ShapeDtypeStruct((lhs_rows, n_dim), out_dtype),
-        grid=(_num_sms(),),
+        grid=(num_sms(),),
         grid_names=("sm",),
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=plgpu.InterpretGPUParams() if _backend.interpret_mode() else None,
