@@ -1,17 +1,20 @@
-"""Time the grouped matmul of both Pallas backends side by side: Triton (`kernels.gmm`) and Mosaic
-GPU (`kernels.gmm_mgpu`, every config of --configs), at the gmm shapes of bench_gmm.py.
+"""Time the grouped matmuls of both Pallas backends side by side: Triton (`kernels.gmm`,
+`kernels.tgmm`) and Mosaic GPU (`kernels.gmm_mgpu` for every config of --configs,
+`kernels.tgmm_mgpu` for every config of --tgmm-configs), at the gmm shapes of bench_gmm.py.
 
 Per case (workload, projection, T): M = T·k rows routed uniformly at random, bf16 in and out, f32
 accumulation; the median time of bench_gmm.time_op (a jitted loop of dependent calls), TFLOP/s,
 TB/s of the bytes that must move (weights of the experts hit, lhs, out), their fraction of the
 H200 ceilings (989 TFLOP/s, 4.8 TB/s), and the relative error of each Mosaic config against the
-Triton output (a wrong Mosaic result is recorded next to its time, never hidden). Targets of
+Triton output (a wrong Mosaic result is recorded next to its time, never hidden). tgmm columns
+time the weight gradient of the same case, `lhsᵀ @ d_out` per expert, d_out [M, N] (bytes: lhs,
+d_out and the [E, K, N] output; empty experts' zeros are written too). Targets of
 issue 8: >= 700 TFLOP/s compute-bound, >= 90% of 4.8 TB/s bandwidth-bound. A config that fails
 to compile (e.g. shared memory) is recorded as an error and the run goes on.
 
     PYTHONPATH=. python3 benchmarks/bench_gmm_mgpu.py --out gmm_mgpu.json
     PYTHONPATH=. python3 benchmarks/bench_gmm_mgpu.py --workloads gptoss --tokens 2048 \\
-        --configs 128,128,64,4,4 128,128,64,3,4,2 64,128,64,4,8
+        --configs 128,128,64,4,4 128,128,64,3,4,2 64,128,64,4,8 --tgmm-configs 64,128,128,4,4
 """
 
 import argparse
@@ -26,7 +29,7 @@ import numpy as np
 
 from benchmarks.bench_gmm import TOKENS, WORKLOADS, cases, time_op
 from moe_pallas import dispatch
-from moe_pallas.kernels import gmm, gmm_mgpu
+from moe_pallas.kernels import gmm, gmm_mgpu, tgmm, tgmm_mgpu
 
 PEAK_TFLOPS, PEAK_TBPS = 989.0, 4.8
 DEFAULT_CONFIGS = (
@@ -37,6 +40,7 @@ DEFAULT_CONFIGS = (
     "128,128,64,3,4,2",  # warp-specialised: CTA tile 128 x 256 (4 stages exceed 227 KiB)
     "64,128,64,5,4,2",
 )
+DEFAULT_TGMM_CONFIGS = ("64,128,128,4,4", "128,128,128,2,4", "64,64,128,6,8")
 
 
 def parse_config(text: str) -> gmm_mgpu.MosaicConfig:
@@ -44,8 +48,13 @@ def parse_config(text: str) -> gmm_mgpu.MosaicConfig:
     return gmm_mgpu.MosaicConfig(*map(int, text.split(",")))
 
 
-def run_case(name, proj, t, top_k, e, k_dim, n_dim, configs, seed=0):
-    k1, k2, k3 = jax.random.split(jax.random.key(seed), 3)
+def parse_tgmm_config(text: str) -> tgmm_mgpu.TgmmMosaicConfig:
+    """ "block_m,block_k,block_n,num_stages,grid_tile_n" -> TgmmMosaicConfig."""
+    return tgmm_mgpu.TgmmMosaicConfig(*map(int, text.split(",")))
+
+
+def run_case(name, proj, t, top_k, e, k_dim, n_dim, configs, tgmm_configs, seed=0):
+    k1, k2, k3, k4 = jax.random.split(jax.random.key(seed), 4)
     m = t * top_k
     sizes = dispatch.dispatch(jax.random.randint(k1, (t, top_k), 0, e, jnp.int32), e).group_sizes
     lhs = jax.random.normal(k2, (m, k_dim), jnp.bfloat16)
@@ -57,13 +66,13 @@ def run_case(name, proj, t, top_k, e, k_dim, n_dim, configs, seed=0):
     nbytes = 2 * (hit * k_dim * n_dim + m * k_dim + m * n_dim)
     row = {"workload": name, "proj": proj, "T": t, "M": m, "K": k_dim, "N": n_dim, "E": e}
     row["experts_hit"] = hit
-    reference = np.asarray(jax.jit(gmm)(lhs, rhs, sizes), np.float32)
+    d_out = jax.random.normal(k4, (m, n_dim), jnp.bfloat16)
 
-    def record(label, fn):
+    def record(label, fn, reference, b, nbytes):
         try:
-            out = np.asarray(jax.jit(fn)(lhs, rhs, sizes), np.float32)
+            out = np.asarray(jax.jit(fn)(lhs, b, sizes), np.float32)
             err = float(np.linalg.norm(out - reference) / max(np.linalg.norm(reference), 1e-30))
-            s = time_op(lambda x, w, g: fn(x, w, g), lhs, rhs, sizes)
+            s = time_op(lambda x, w, g: fn(x, w, g), lhs, b, sizes)
             row[label] = {
                 "ms": s * 1e3,
                 "tflops": flops / s / 1e12,
@@ -75,9 +84,17 @@ def run_case(name, proj, t, top_k, e, k_dim, n_dim, configs, seed=0):
         except Exception as err:  # noqa: BLE001 - a failing config is recorded, not fatal
             row[label] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
 
-    record("pallas_triton", gmm)
+    reference = np.asarray(jax.jit(gmm)(lhs, rhs, sizes), np.float32)
+    record("pallas_triton", gmm, reference, rhs, nbytes)
     for text, cfg in configs.items():
-        record(f"mosaic_gpu[{text}]", lambda x, w, g, cfg=cfg: gmm_mgpu.gmm(x, w, g, config=cfg))
+        fn = lambda x, w, g, cfg=cfg: gmm_mgpu.gmm(x, w, g, config=cfg)
+        record(f"mosaic_gpu[{text}]", fn, reference, rhs, nbytes)
+    reference = np.asarray(jax.jit(tgmm)(lhs, d_out, sizes), np.float32)
+    tgmm_bytes = 2 * (e * k_dim * n_dim + m * k_dim + m * n_dim)
+    record("tgmm pallas_triton", tgmm, reference, d_out, tgmm_bytes)
+    for text, cfg in tgmm_configs.items():
+        fn = lambda x, y, g, cfg=cfg: tgmm_mgpu.tgmm(x, y, g, config=cfg)
+        record(f"tgmm mosaic_gpu[{text}]", fn, reference, d_out, tgmm_bytes)
     return row
 
 
@@ -93,8 +110,10 @@ def main():
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
     parser.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS))
+    parser.add_argument("--tgmm-configs", nargs="+", default=list(DEFAULT_TGMM_CONFIGS))
     args = parser.parse_args()
     configs = {text: parse_config(text) for text in args.configs}
+    tgmm_configs = {text: parse_tgmm_config(text) for text in args.tgmm_configs}
     meta = {
         "date": datetime.date.today().isoformat(),
         "device": str(jax.devices()[0].device_kind),
@@ -104,10 +123,11 @@ def main():
             ["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True
         ).stdout.strip(),
         "config_fields": "block_m,block_n,block_k,num_stages,grid_tile_n[,consumers]",
+        "tgmm_config_fields": "block_m,block_k,block_n,num_stages,grid_tile_n",
     }
     rows = []
     for case in cases(args.workloads, args.tokens):
-        rows.append(run_case(*case, configs))
+        rows.append(run_case(*case, configs, tgmm_configs))
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
         r = rows[-1]
