@@ -277,17 +277,19 @@ def test_tgmm_op_and_bf16_grads_run_mosaic_gpu():
 
 
 @pytest.mark.parametrize(
-    "rows, k, n, groups",
+    "rows, k, n, groups, config",
     [
-        (8192, 2880, 5760, 128),
-        (8, 2880, 2880, 128),
-        (65536, 4096, 4096, 256),
-        (100, 2048, 4096, 256),
+        (8192, 2880, 5760, 128, None),
+        (8, 2880, 2880, 128, None),
+        (65536, 4096, 4096, 256, None),
+        (100, 2048, 4096, 256, None),
+        (100, 2048, 4096, 256, TGMM_SMALL),  # lhs and rhs slots of different widths: one swizzle
     ],
 )
-def test_tgmm_lowers_for_h200(rows, k, n, groups):
+def test_tgmm_lowers_for_h200(rows, k, n, groups, config):
     args = SDS((rows, k), BF16), SDS((rows, n), BF16), SDS((groups,), jnp.int32)
-    assert "mosaic_gpu_v2" in _lower_for_h200(tgmm_mgpu.tgmm, *args)
+    fn = functools.partial(tgmm_mgpu.tgmm, config=config)
+    assert "mosaic_gpu_v2" in _lower_for_h200(fn, *args)
 
 
 def test_mosaic_gpu_training_step_lowers_without_triton():

@@ -52,10 +52,11 @@ class TgmmMosaicConfig:
         )
 
 
-def _transforms(minor: int, dtype) -> tuple:
-    """Tiling and swizzle of a shared-memory tile whose minor dimension has `minor` elements."""
+def _transforms(cfg: TgmmMosaicConfig, dtype) -> tuple:
+    """Tiling and swizzle of the lhs and rhs slots: wgmma needs one swizzle for both, the widest
+    that the narrower of their minor dimensions (block_k, block_n) allows."""
     bits = jnp.dtype(dtype).itemsize * 8
-    swizzle = plgpu.find_swizzle(minor * bits)
+    swizzle = plgpu.find_swizzle(min(cfg.block_k, cfg.block_n) * bits)
     return plgpu.TilingTransform((8, 8 * swizzle // bits)), plgpu.SwizzleTransform(swizzle)
 
 
@@ -106,13 +107,13 @@ def _kernel(
                             (bm, bk),
                             lambda r: (first_block + r, ki),
                             delay_release=1,
-                            transforms=_transforms(bk, lhs_gmem.dtype),
+                            transforms=_transforms(cfg, lhs_gmem.dtype),
                         ),
                         plgpu.BlockSpec(
                             (bm, bn),
                             lambda r: (first_block + r, ni),
                             delay_release=1,
-                            transforms=_transforms(bn, rhs_gmem.dtype),
+                            transforms=_transforms(cfg, rhs_gmem.dtype),
                         ),
                     ],
                     max_concurrent_steps=cfg.num_stages,
