@@ -107,6 +107,28 @@ def test_gmm_epilogue_matches_oracle(consumers, has_bias, has_row_scale, transpo
     assert rel_err(out, ref) < 1e-5  # bias and scale are applied in float32
 
 
+@pytest.mark.parametrize("with_epilogue", [False, True])
+@pytest.mark.parametrize("num_rows, group_sizes", [(100, [30, 0, 50, 13]), (1, [0, 1, 0, 0])])
+def test_gmm_swiglu_matches_oracle(num_rows, group_sizes, with_epilogue):
+    rng = np.random.default_rng(20 + num_rows)
+    lhs, rhs, sizes = _inputs(rng, num_rows, 64, 256, group_sizes)
+    bias = jnp.asarray(rng.standard_normal((4, 256)), BF16) if with_epilogue else None
+    row_scale = jnp.asarray(rng.random(num_rows) + 0.5, jnp.float32) if with_epilogue else None
+    out = gmm_mgpu.gmm(
+        lhs,
+        rhs,
+        sizes,
+        bias=bias,
+        activation="swiglu",
+        row_scale=row_scale,
+        out_dtype=jnp.float32,
+        config=SMALL,
+    )
+    assert out.shape == (num_rows, 128)
+    ref = gmm64(lhs, rhs, sizes, bias=bias, activation="swiglu", row_scale=row_scale)
+    assert rel_err(out, ref) < 1e-5  # gate and up are exact in f32; the GLU runs in f32
+
+
 def test_gmm_clamps_invalid_group_sizes_like_triton():
     rng = np.random.default_rng(2)
     lhs, rhs, sizes = _inputs(rng, 64, 32, 64, [-5, 40, 100])
@@ -162,6 +184,10 @@ def test_validation_names_the_fix():
         gmm_mgpu.gmm(lhs, rhs, sizes, bias=jnp.zeros((64,), BF16))
     with pytest.raises(ValueError, match="row_scale must be 1-D with >= 8 entries"):
         gmm_mgpu.gmm(lhs, rhs, sizes, row_scale=jnp.ones((4,), jnp.float32))
+    with pytest.raises(ValueError, match="pallas_triton"):
+        gmm_mgpu.gmm(lhs, rhs, sizes, activation="gptoss")
+    with pytest.raises(ValueError, match="consumers=1"):
+        gmm_mgpu.gmm(lhs, jnp.swapaxes(rhs, 1, 2), sizes, activation="swiglu", transpose_rhs=True)
 
 
 def _lower_for_h200(fn, *args) -> str:
@@ -198,6 +224,17 @@ def test_gmm_epilogue_lowers_for_h200(rows, k, n, groups, consumers):
     )
     args = (SDS((rows, k), BF16), SDS((groups, k, n), BF16), SDS((groups,), jnp.int32))
     text = _lower_for_h200(fn, *args, SDS((groups, n), BF16), SDS((rows,), jnp.float32))
+    assert "mosaic_gpu_v2" in text
+
+
+@pytest.mark.parametrize("rows", [65536, 8])
+def test_gmm_swiglu_lowers_for_h200(rows):
+    """SwiGLU gate_up (H = 4096, 2I = 4096, E = 256) with bias and row_scale, default config."""
+    fn = lambda lhs, rhs, sizes, bias, row_scale: gmm_mgpu.gmm(
+        lhs, rhs, sizes, bias=bias, activation="swiglu", row_scale=row_scale
+    )
+    args = (SDS((rows, 4096), BF16), SDS((256, 4096, 4096), BF16), SDS((256,), jnp.int32))
+    text = _lower_for_h200(fn, *args, SDS((256, 4096), BF16), SDS((rows,), jnp.float32))
     assert "mosaic_gpu_v2" in text
 
 

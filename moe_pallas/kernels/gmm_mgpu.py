@@ -2,9 +2,10 @@
 
 Math. Rows m in [0, M) are split into G contiguous groups by `group_sizes`; row m of the product is
 `lhs[m] @ rhs[g]` (`rhs[g]` is `[K, N]`, or `[N, K]` with `transpose_rhs`), accumulated in float32
-by wgmma; the epilogue adds `bias[g]` and multiplies by `row_scale[m]`, both in float32. Rows past
-sum(group_sizes) are written as zeros. Same contract as `kernels.gmm.gmm` without its row gather
-and GLU activation.
+by wgmma; the epilogue adds `bias[g]`, applies the "swiglu" GLU (rhs has 2·N_out columns, gate
+half first: two accumulators per tile, each fed by its own contiguous column block) and multiplies
+by `row_scale[m]`, all in float32. Rows past sum(group_sizes) are written as zeros. Same contract
+as `kernels.gmm.gmm` without its row gather and the "gptoss" GLU (interleaved gate/up columns).
 
 Schedule. A persistent kernel: one CTA per SM walks the (visit, n-tile) pairs of a tile schedule,
 read as scalars from GMEM, so the grid does not depend on G (jax's `ragged_dot_mgpu` example
@@ -28,7 +29,8 @@ so neighbouring visits never overwrite each other. Rows past sum(group_sizes) fo
 G whose visits store zeros.
 
 Limits (ValueError, use the Triton backend instead): bf16/f16 operands of one dtype, N a multiple of
-block_n and K of block_k (both workloads' dimensions are multiples of 64).
+block_n and K of block_k (both workloads' dimensions are multiples of 64); a GLU only with
+consumers=1 and a non-transposed rhs.
 """
 
 import dataclasses
@@ -41,6 +43,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from moe_pallas import _backend
+from moe_pallas.activations import glu
 from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_sizes, grouped_dims
 
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -126,21 +129,25 @@ def schedule(group_sizes: jax.Array, num_rows: int, block_m: int) -> Schedule:
 
 
 class _Epilogue(NamedTuple):
-    """GMEM operands of the epilogue (None when absent) and their shared-memory landing slots."""
+    """GMEM operands of the epilogue (None when absent) and their shared-memory landing slots.
 
-    bias_gmem: object  # [G, N] float32
+    bias is read as `[G, parts, N / parts]`: parts = 2 for SwiGLU (gate and up halves), else 1.
+    """
+
+    bias_gmem: object  # [G, parts, N / parts] float32
     row_scale_gmem: object  # [lhs_rows] float32
-    bias_smem: object  # [block_n] float32
+    activation: str | None
+    bias_smem: object  # [parts, block_n] float32
     row_scale_smem: object  # [block_m] float32
     bias_barrier: object
     row_scale_barrier: object
 
     def start(self, g, a0, col0):
-        """Issue the TMA loads of bias[g, col0:col0+bn] and row_scale[a0:a0+bm]."""
+        """Issue the TMA loads of bias[g, :, col0:col0+bn] and row_scale[a0:a0+bm]."""
         if self.bias_gmem is not None:
-            bn = self.bias_smem.shape[0]
+            bn = self.bias_smem.shape[1]
             plgpu.copy_gmem_to_smem(
-                self.bias_gmem.at[g, pl.ds(col0, bn)], self.bias_smem, self.bias_barrier
+                self.bias_gmem.at[g, :, pl.ds(col0, bn)], self.bias_smem, self.bias_barrier
             )
         if self.row_scale_gmem is not None:
             bm = self.row_scale_smem.shape[0]
@@ -148,21 +155,26 @@ class _Epilogue(NamedTuple):
                 self.row_scale_gmem.at[pl.ds(a0, bm)], self.row_scale_smem, self.row_scale_barrier
             )
 
-    def apply(self, acc):
-        """(acc + bias[None, :]) * row_scale[:, None], in float32; waits for `start`'s loads."""
+    def apply(self, *accs):
+        """glu(acc + bias[None, :]) * row_scale[:, None] in float32 (one acc per part); waits for
+        `start`'s loads."""
         if self.bias_gmem is not None:
             plgpu.barrier_wait(self.bias_barrier)
-            acc = acc + jax.lax.broadcast_in_dim(self.bias_smem[...], acc.shape, (1,))
+            accs = [
+                acc + jax.lax.broadcast_in_dim(self.bias_smem[p], acc.shape, (1,))
+                for p, acc in enumerate(accs)
+            ]
+        out = glu(*accs, self.activation) if self.activation else accs[0]
         if self.row_scale_gmem is not None:
             plgpu.barrier_wait(self.row_scale_barrier)
-            acc = acc * jax.lax.broadcast_in_dim(self.row_scale_smem[...], acc.shape, (0,))
-        return acc
+            out = out * jax.lax.broadcast_in_dim(self.row_scale_smem[...], out.shape, (0,))
+        return out
 
 
-def _epilogue_scratch(copies: int, bm: int, bn: int) -> dict:
+def _epilogue_scratch(copies: int, parts: int, bm: int, bn: int) -> dict:
     """Shared memory for `copies` epilogues (one per consumer warpgroup)."""
     return {
-        "bias_smem": plgpu.SMEM((copies, bn), jnp.float32),
+        "bias_smem": plgpu.SMEM((copies, parts, bn), jnp.float32),
         "row_scale_smem": plgpu.SMEM((copies, bm), jnp.float32),
         "bias_barriers": plgpu.Barrier(num_arrivals=1, num_barriers=copies),
         "row_scale_barriers": plgpu.Barrier(num_arrivals=1, num_barriers=copies),
@@ -248,7 +260,7 @@ def _kernel_ws(
             lhs_gmem.at[pl.ds(0, bm)], rhs_window(0, 0)
         ),
         o_smem=plgpu.SMEM((2, bm, bn), out_gmem.dtype),
-        **_epilogue_scratch(2, bm, bn),
+        **_epilogue_scratch(2, 1, bm, bn),
         collective_axes="wg",
     )
     def _scope(allocs, o_smem, bias_smem, row_scale_smem, bias_barriers, row_scale_barriers):
@@ -257,6 +269,7 @@ def _kernel_ws(
         epilogue = _Epilogue(
             bias_gmem,
             row_scale_gmem,
+            None,
             bias_smem.at[wg],
             row_scale_smem.at[wg],
             bias_barriers.at[wg],
@@ -312,7 +325,10 @@ def _kernel(
     transpose_rhs: bool,
     has_bias: bool,
     has_row_scale: bool,
+    activation: str | None,
 ):
+    """One warpgroup per CTA issues the TMA loads and the wgmma of [block_m, block_n] tiles; with
+    SwiGLU, two accumulators (gate and up) from the two contiguous column halves of rhs."""
     it = iter(refs)
     bias_gmem = next(it) if has_bias else None
     row_scale_gmem = next(it) if has_row_scale else None
@@ -320,13 +336,15 @@ def _kernel(
     lhs_rows, k_dim = lhs_gmem.shape
     n_dim = out_gmem.shape[1]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    n_tiles = n_dim // bn
+    n_tiles = n_dim // bn  # of the output: N / 2 columns with a GLU
+    parts = 2 if activation else 1
 
-    @functools.partial(pl.run_scoped, **_epilogue_scratch(1, bm, bn))
+    @functools.partial(pl.run_scoped, **_epilogue_scratch(1, parts, bm, bn))
     def _scope(bias_smem, row_scale_smem, bias_barriers, row_scale_barriers):
         epilogue = _Epilogue(
             bias_gmem,
             row_scale_gmem,
+            activation,
             bias_smem.at[0],
             row_scale_smem.at[0],
             bias_barriers.at[0],
@@ -342,23 +360,36 @@ def _kernel(
             # The lhs box: 8-row aligned (see the module docstring), ending inside lhs.
             a0 = pl.multiple_of(jnp.minimum(tile8_gmem[v], (lhs_rows - bm) // 8) * 8, 8)
 
-            def product(acc_ref):
+            def product(*acc_refs):
+                def step(_, a_smem, *b_smems):
+                    for acc_ref, b_smem in zip(acc_refs, b_smems):
+                        plgpu.wgmma(acc_ref, a_smem, b_smem.T if transpose_rhs else b_smem)
+                    # This step's wgmma groups stay in flight; the previous step's have read
+                    # their slots before the pipeline refills them (delay_release=1).
+                    plgpu.wgmma_wait(parts)
+
+                # Column tile of part p: ni + p * n_tiles (SwiGLU's up half follows the gate).
+                rhs_specs = [
+                    plgpu.BlockSpec(
+                        (bn, bk) if transpose_rhs else (bk, bn),
+                        (lambda kk, c=ni + p * n_tiles: (c, kk))
+                        if transpose_rhs
+                        else (lambda kk, c=ni + p * n_tiles: (kk, c)),
+                        delay_release=1,
+                    )
+                    for p in range(parts)
+                ]
+                rhs_g = rhs_gmem.at[jnp.minimum(g, num_groups - 1)]
                 plgpu.emit_pipeline(
-                    lambda _, a_smem, b_smem: plgpu.wgmma(
-                        acc_ref, a_smem, b_smem.T if transpose_rhs else b_smem
-                    ),
+                    step,
                     grid=(k_dim // bk,),
                     in_specs=[
                         plgpu.BlockSpec((bm, bk), lambda kk: (0, kk), delay_release=1),
-                        plgpu.BlockSpec(
-                            (bn, bk) if transpose_rhs else (bk, bn),
-                            (lambda kk: (ni, kk)) if transpose_rhs else (lambda kk: (kk, ni)),
-                            delay_release=1,
-                        ),
+                        *rhs_specs,
                     ],
                     max_concurrent_steps=cfg.num_stages,
-                )(lhs_gmem.at[pl.ds(a0, bm)], rhs_gmem.at[jnp.minimum(g, num_groups - 1)])
-                return acc_ref[...]
+                )(lhs_gmem.at[pl.ds(a0, bm)], *[rhs_g] * parts)
+                return tuple(acc_ref[...] for acc_ref in acc_refs)
 
             @pl.when(size > 0)
             def _store():
@@ -367,8 +398,8 @@ def _kernel(
                     @pl.when(g < num_groups)
                     def _grouped_rows():
                         epilogue.start(g, a0, ni * bn)
-                        acc = pl.run_scoped(product, plgpu.ACC((bm, bn)))
-                        o_smem[...] = epilogue.apply(acc).astype(o_smem.dtype)
+                        accs = pl.run_scoped(product, *[plgpu.ACC((bm, bn))] * parts)
+                        o_smem[...] = epilogue.apply(*accs).astype(o_smem.dtype)
 
                     @pl.when(g == num_groups)
                     def _tail_rows():
@@ -384,6 +415,7 @@ def gmm(
     *,
     transpose_rhs: bool = False,
     bias: jax.Array | None = None,
+    activation: str | None = None,
     row_scale: jax.Array | None = None,
     out_dtype=None,
     config: MosaicConfig | None = None,
@@ -391,9 +423,10 @@ def gmm(
     """Grouped matmul (see the module docstring) with the Mosaic GPU backend.
 
     lhs `[M, K]`, rhs `[G, K, N]` (`[G, N, K]` if transpose_rhs), group_sizes `[G]` int32, bias
-    `[G, N]`, row_scale `[≥M]` (both floating, applied in float32). Returns `[M, N]` in out_dtype
-    (default lhs.dtype). Off GPU (`_backend.interpret_mode()`) it runs in Mosaic GPU interpret mode:
-    slow, for tests.
+    `[G, N]` in rhs's column layout, activation None | "swiglu" (then N = 2·N_out, gate columns
+    first), row_scale `[≥M]` (bias and row_scale floating, applied in float32). Returns
+    `[M, N_out]` in out_dtype (default lhs.dtype). Off GPU (`_backend.interpret_mode()`) it runs in
+    Mosaic GPU interpret mode: slow, for tests.
     """
     if lhs.ndim != 2 or rhs.ndim != 3:
         raise ValueError(f"gmm needs lhs [M, K] and rhs [G, K, N]; got {lhs.shape}, {rhs.shape}.")
@@ -402,8 +435,20 @@ def gmm(
             f"gmm_mgpu needs bf16 or f16 lhs and rhs of one dtype (wgmma), got {lhs.dtype} and "
             f'{rhs.dtype}; cast them, or use implementation="pallas_triton".'
         )
+    if activation not in (None, "swiglu"):
+        raise ValueError(
+            f"gmm_mgpu: activation={activation!r} must be None or 'swiglu' (gpt-oss's interleaved "
+            'gate/up columns need a register split not written yet); use implementation="pallas_triton".'
+        )
     num_groups, k_dim, n_dim = grouped_dims(lhs, rhs, group_sizes, transpose_rhs)
     num_rows = lhs.shape[0]
+    consumers = (config or MosaicConfig()).consumers
+    if activation and (transpose_rhs or n_dim % 2 or consumers != 1):
+        raise ValueError(
+            "gmm_mgpu: a GLU activation needs a non-transposed rhs with an even column count and "
+            f"a config with consumers=1; got transpose_rhs={transpose_rhs}, N={n_dim}, "
+            f"consumers={consumers}."
+        )
     if bias is not None and bias.shape != (num_groups, n_dim):
         raise ValueError(
             f"bias must be [{num_groups}, {n_dim}] (one row per group), got {bias.shape}."
@@ -412,11 +457,15 @@ def gmm(
         raise ValueError(
             f"row_scale must be 1-D with >= {num_rows} entries, got {row_scale.shape}."
         )
-    check_int32_sizes("gmm_mgpu", lhs=lhs.shape, rhs=rhs.shape, out=(num_rows, n_dim))
+    parts = 2 if activation else 1
+    n_out = n_dim // parts
+    check_int32_sizes("gmm_mgpu", lhs=lhs.shape, rhs=rhs.shape, out=(num_rows, n_out))
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
-    if num_rows == 0 or n_dim == 0 or k_dim == 0:
-        return jnp.zeros((num_rows, n_dim), out_dtype)
-    cfg = (config or MosaicConfig()).fit(n_dim, k_dim)
+    if num_rows == 0 or n_out == 0 or k_dim == 0:
+        return jnp.zeros((num_rows, n_out), out_dtype)
+    if config is None and activation:  # a GLU tile reads 2·block_n weight columns per k-step
+        config = dataclasses.replace(MosaicConfig(), block_n=MosaicConfig.block_n // 2)
+    cfg = (config or MosaicConfig()).fit(n_out, k_dim)
     sched = schedule(clamp_group_sizes(group_sizes, num_rows), num_rows, cfg.block_m)
     # TMA boxes of block_m rows at multiples of 8 must fit in lhs: pad short or ragged lhs (a copy;
     # M = T·k is a multiple of 8 for k = 8, and for k = 4 at even T).
@@ -424,13 +473,13 @@ def gmm(
     if lhs_rows > num_rows:
         lhs = jnp.pad(lhs, ((0, lhs_rows - num_rows), (0, 0)))
     operands = [*sched, lhs, rhs]
-    if bias is not None:
-        operands.append(bias.astype(jnp.float32))
+    if bias is not None:  # [G, parts, N_out]: SwiGLU's gate and up halves
+        operands.append(bias.astype(jnp.float32).reshape(num_groups, parts, n_out))
     if row_scale is not None:  # read in the lhs box's rows
         row_scale = row_scale[:num_rows].astype(jnp.float32)
         operands.append(jnp.pad(row_scale, (0, lhs_rows - num_rows)))
     kernel = functools.partial(
-        _kernel if cfg.consumers == 1 else _kernel_ws,
+        functools.partial(_kernel, activation=activation) if cfg.consumers == 1 else _kernel_ws,
         num_groups=num_groups,
         num_visits=sched.group.shape[0],
         cfg=cfg,
@@ -440,7 +489,7 @@ def gmm(
     )
     out = plgpu.kernel(
         kernel,
-        out_type=jax.ShapeDtypeStruct((lhs_rows, n_dim), out_dtype),
+        out_type=jax.ShapeDtypeStruct((lhs_rows, n_out), out_dtype),
         grid=(num_sms(),),
         grid_names=("sm",),
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
