@@ -95,6 +95,9 @@ def _kernel(
                 plgpu.commit_smem()
 
             plgpu.wgmma(acc_ref, lhs_smem.T, rhs_smem)
+            # This step's wgmma stays in flight; the previous step's has read its slots before
+            # the pipeline refills them (delay_release=1).
+            plgpu.wgmma_wait(1)
 
         def product(acc_ref):
             @pl.when(end > start)
