@@ -107,11 +107,13 @@ def test_gmm_epilogue_matches_oracle(consumers, has_bias, has_row_scale, transpo
     assert rel_err(out, ref) < 1e-5  # bias and scale are applied in float32
 
 
+@pytest.mark.parametrize("activation", ["swiglu", "gptoss"])
 @pytest.mark.parametrize("with_epilogue", [False, True])
 @pytest.mark.parametrize("num_rows, group_sizes", [(100, [30, 0, 50, 13]), (1, [0, 1, 0, 0])])
-def test_gmm_swiglu_matches_oracle(num_rows, group_sizes, with_epilogue):
+def test_gmm_glu_matches_oracle(num_rows, group_sizes, with_epilogue, activation):
     rng = np.random.default_rng(20 + num_rows)
     lhs, rhs, sizes = _inputs(rng, num_rows, 64, 256, group_sizes)
+    rhs = rhs * 4  # pre-activations of a few units: gpt-oss's clamps at ±7 bite on some
     bias = jnp.asarray(rng.standard_normal((4, 256)), BF16) if with_epilogue else None
     row_scale = jnp.asarray(rng.random(num_rows) + 0.5, jnp.float32) if with_epilogue else None
     out = gmm_mgpu.gmm(
@@ -119,13 +121,13 @@ def test_gmm_swiglu_matches_oracle(num_rows, group_sizes, with_epilogue):
         rhs,
         sizes,
         bias=bias,
-        activation="swiglu",
+        activation=activation,
         row_scale=row_scale,
         out_dtype=jnp.float32,
         config=SMALL,
     )
     assert out.shape == (num_rows, 128)
-    ref = gmm64(lhs, rhs, sizes, bias=bias, activation="swiglu", row_scale=row_scale)
+    ref = gmm64(lhs, rhs, sizes, bias=bias, activation=activation, row_scale=row_scale)
     assert rel_err(out, ref) < 1e-5  # gate and up are exact in f32; the GLU runs in f32
 
 
@@ -184,8 +186,8 @@ def test_validation_names_the_fix():
         gmm_mgpu.gmm(lhs, rhs, sizes, bias=jnp.zeros((64,), BF16))
     with pytest.raises(ValueError, match="row_scale must be 1-D with >= 8 entries"):
         gmm_mgpu.gmm(lhs, rhs, sizes, row_scale=jnp.ones((4,), jnp.float32))
-    with pytest.raises(ValueError, match="pallas_triton"):
-        gmm_mgpu.gmm(lhs, rhs, sizes, activation="gptoss")
+    with pytest.raises(ValueError, match="'swiglu' or 'gptoss'"):
+        gmm_mgpu.gmm(lhs, rhs, sizes, activation="relu")
     with pytest.raises(ValueError, match="consumers=1"):
         gmm_mgpu.gmm(lhs, jnp.swapaxes(rhs, 1, 2), sizes, activation="swiglu", transpose_rhs=True)
 
@@ -227,14 +229,23 @@ def test_gmm_epilogue_lowers_for_h200(rows, k, n, groups, consumers):
     assert "mosaic_gpu_v2" in text
 
 
-@pytest.mark.parametrize("rows", [65536, 8])
-def test_gmm_swiglu_lowers_for_h200(rows):
-    """SwiGLU gate_up (H = 4096, 2I = 4096, E = 256) with bias and row_scale, default config."""
+@pytest.mark.parametrize(
+    "activation, rows, h, n, groups",
+    [
+        ("swiglu", 65536, 4096, 4096, 256),
+        ("swiglu", 8, 4096, 4096, 256),
+        ("gptoss", 8192, 2880, 5760, 128),
+        ("gptoss", 4, 2880, 5760, 128),
+        ("gptoss", 65536, 4096, 4096, 256),
+    ],
+)
+def test_gmm_glu_lowers_for_h200(activation, rows, h, n, groups):
+    """gate_up projections (N = 2I) with bias and row_scale, default config."""
     fn = lambda lhs, rhs, sizes, bias, row_scale: gmm_mgpu.gmm(
-        lhs, rhs, sizes, bias=bias, activation="swiglu", row_scale=row_scale
+        lhs, rhs, sizes, bias=bias, activation=activation, row_scale=row_scale
     )
-    args = (SDS((rows, 4096), BF16), SDS((256, 4096, 4096), BF16), SDS((256,), jnp.int32))
-    text = _lower_for_h200(fn, *args, SDS((256, 4096), BF16), SDS((rows,), jnp.float32))
+    args = (SDS((rows, h), BF16), SDS((groups, h, n), BF16), SDS((groups,), jnp.int32))
+    text = _lower_for_h200(fn, *args, SDS((groups, n), BF16), SDS((rows,), jnp.float32))
     assert "mosaic_gpu_v2" in text
 
 

@@ -2,10 +2,10 @@
 
 Math. Rows m in [0, M) are split into G contiguous groups by `group_sizes`; row m of the product is
 `lhs[m] @ rhs[g]` (`rhs[g]` is `[K, N]`, or `[N, K]` with `transpose_rhs`), accumulated in float32
-by wgmma; the epilogue adds `bias[g]`, applies the "swiglu" GLU (rhs has 2·N_out columns, gate
-half first: two accumulators per tile, each fed by its own contiguous column block) and multiplies
-by `row_scale[m]`, all in float32. Rows past sum(group_sizes) are written as zeros. Same contract
-as `kernels.gmm.gmm` without its row gather and the "gptoss" GLU (interleaved gate/up columns).
+by wgmma; the epilogue adds `bias[g]`, applies the GLU `activation` (rhs has 2·N_out columns:
+two accumulators per tile, gate and up, see `_kernel`) and multiplies by `row_scale[m]`, all in
+float32. Rows past sum(group_sizes) are written as zeros. Same contract as `kernels.gmm.gmm`
+without its row gather.
 
 Schedule. A persistent kernel: one CTA per SM walks the (visit, n-tile) pairs of a tile schedule,
 read as scalars from GMEM, so the grid does not depend on G (jax's `ragged_dot_mgpu` example
@@ -328,7 +328,9 @@ def _kernel(
     activation: str | None,
 ):
     """One warpgroup per CTA issues the TMA loads and the wgmma of [block_m, block_n] tiles; with
-    SwiGLU, two accumulators (gate and up) from the two contiguous column halves of rhs."""
+    SwiGLU, two accumulators (gate and up) from the two contiguous column halves of rhs; with
+    gpt-oss, rhs arrives as uint32 [G, K, N / 2] (a (gate, up) bf16 pair per word) and each step
+    splits its slot into gate and up halves in shared memory (double-buffered by step parity)."""
     it = iter(refs)
     bias_gmem = next(it) if has_bias else None
     row_scale_gmem = next(it) if has_row_scale else None
@@ -338,9 +340,11 @@ def _kernel(
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     n_tiles = n_dim // bn  # of the output: N / 2 columns with a GLU
     parts = 2 if activation else 1
+    interleaved = activation == "gptoss"
+    halves = {"halves_smem": plgpu.SMEM((2, 2, bk, bn), lhs_gmem.dtype)} if interleaved else {}
 
-    @functools.partial(pl.run_scoped, **_epilogue_scratch(1, parts, bm, bn))
-    def _scope(bias_smem, row_scale_smem, bias_barriers, row_scale_barriers):
+    @functools.partial(pl.run_scoped, **_epilogue_scratch(1, parts, bm, bn), **halves)
+    def _scope(bias_smem, row_scale_smem, bias_barriers, row_scale_barriers, halves_smem=None):
         epilogue = _Epilogue(
             bias_gmem,
             row_scale_gmem,
@@ -361,11 +365,21 @@ def _kernel(
             a0 = pl.multiple_of(jnp.minimum(tile8_gmem[v], (lhs_rows - bm) // 8) * 8, 8)
 
             def product(*acc_refs):
-                def step(_, a_smem, *b_smems):
+                def step(idx, a_smem, *b_smems):
+                    if interleaved:
+                        # The low 16 bits of a word are the gate (the even column), the high the up.
+                        words = b_smems[0][...]
+                        slot = halves_smem.at[idx[0] % 2]
+                        for p, bits in enumerate((words & 0xFFFF, words >> 16)):
+                            slot[p] = jax.lax.bitcast_convert_type(
+                                bits.astype(jnp.uint16), slot.dtype
+                            )
+                        plgpu.commit_smem()
+                        b_smems = (slot.at[0], slot.at[1])
                     for acc_ref, b_smem in zip(acc_refs, b_smems):
                         plgpu.wgmma(acc_ref, a_smem, b_smem.T if transpose_rhs else b_smem)
                     # This step's wgmma groups stay in flight; the previous step's have read
-                    # their slots before the pipeline refills them (delay_release=1).
+                    # their slots before the pipeline (or the next split) refills them.
                     plgpu.wgmma_wait(parts)
 
                 # Column tile of part p: ni + p * n_tiles (SwiGLU's up half follows the gate).
@@ -377,7 +391,7 @@ def _kernel(
                         else (lambda kk, c=ni + p * n_tiles: (kk, c)),
                         delay_release=1,
                     )
-                    for p in range(parts)
+                    for p in range(1 if interleaved else parts)
                 ]
                 rhs_g = rhs_gmem.at[jnp.minimum(g, num_groups - 1)]
                 plgpu.emit_pipeline(
@@ -388,7 +402,7 @@ def _kernel(
                         *rhs_specs,
                     ],
                     max_concurrent_steps=cfg.num_stages,
-                )(lhs_gmem.at[pl.ds(a0, bm)], *[rhs_g] * parts)
+                )(lhs_gmem.at[pl.ds(a0, bm)], *[rhs_g] * len(rhs_specs))
                 return tuple(acc_ref[...] for acc_ref in acc_refs)
 
             @pl.when(size > 0)
@@ -423,8 +437,8 @@ def gmm(
     """Grouped matmul (see the module docstring) with the Mosaic GPU backend.
 
     lhs `[M, K]`, rhs `[G, K, N]` (`[G, N, K]` if transpose_rhs), group_sizes `[G]` int32, bias
-    `[G, N]` in rhs's column layout, activation None | "swiglu" (then N = 2·N_out, gate columns
-    first), row_scale `[≥M]` (bias and row_scale floating, applied in float32). Returns
+    `[G, N]` in rhs's column layout, activation None | "swiglu" | "gptoss" (then N = 2·N_out, in
+    the activation's column layout, see `moe_pallas.activations`), row_scale `[≥M]` (bias and row_scale floating, applied in float32). Returns
     `[M, N_out]` in out_dtype (default lhs.dtype). Off GPU (`_backend.interpret_mode()`) it runs in
     Mosaic GPU interpret mode: slow, for tests.
     """
@@ -435,11 +449,8 @@ def gmm(
             f"gmm_mgpu needs bf16 or f16 lhs and rhs of one dtype (wgmma), got {lhs.dtype} and "
             f'{rhs.dtype}; cast them, or use implementation="pallas_triton".'
         )
-    if activation not in (None, "swiglu"):
-        raise ValueError(
-            f"gmm_mgpu: activation={activation!r} must be None or 'swiglu' (gpt-oss's interleaved "
-            'gate/up columns need a register split not written yet); use implementation="pallas_triton".'
-        )
+    if activation not in (None, "swiglu", "gptoss"):
+        raise ValueError(f"gmm_mgpu: activation={activation!r} must be None, 'swiglu' or 'gptoss'.")
     num_groups, k_dim, n_dim = grouped_dims(lhs, rhs, group_sizes, transpose_rhs)
     num_rows = lhs.shape[0]
     consumers = (config or MosaicConfig()).consumers
@@ -472,9 +483,14 @@ def gmm(
     lhs_rows = max(-(-num_rows // 8) * 8, cfg.block_m)
     if lhs_rows > num_rows:
         lhs = jnp.pad(lhs, ((0, lhs_rows - num_rows), (0, 0)))
+    if activation == "gptoss":  # one uint32 word per interleaved (gate, up) pair: a free bitcast
+        rhs = jax.lax.bitcast_convert_type(rhs.reshape(num_groups, k_dim, n_out, 2), jnp.uint32)
     operands = [*sched, lhs, rhs]
-    if bias is not None:  # [G, parts, N_out]: SwiGLU's gate and up halves
-        operands.append(bias.astype(jnp.float32).reshape(num_groups, parts, n_out))
+    if bias is not None:  # [G, parts, N_out]: the gate and up halves (a small copy for gpt-oss)
+        bias = bias.astype(jnp.float32)
+        if activation == "gptoss":
+            bias = jnp.swapaxes(bias.reshape(num_groups, n_out, 2), 1, 2)
+        operands.append(bias.reshape(num_groups, parts, n_out))
     if row_scale is not None:  # read in the lhs box's rows
         row_scale = row_scale[:num_rows].astype(jnp.float32)
         operands.append(jnp.pad(row_scale, (0, lhs_rows - num_rows)))
