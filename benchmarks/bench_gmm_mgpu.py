@@ -8,8 +8,8 @@ TB/s of the bytes that must move (weights of the experts hit, lhs, out), their f
 H200 ceilings (989 TFLOP/s, 4.8 TB/s), and the relative error of each Mosaic config against the
 Triton output (a wrong Mosaic result is recorded next to its time, never hidden). tgmm columns
 time the weight gradient of the same case, `lhsᵀ @ d_out` per expert, d_out [M, N] (bytes: lhs,
-d_out and the [E, K, N] output; empty experts' zeros are written too). For SwiGLU's gate_up,
-"swiglu" columns time the fused GLU epilogue of both backends (default configs). Targets of
+d_out and the [E, K, N] output; empty experts' zeros are written too). For gate_up, the
+"swiglu"/"gptoss" columns time the workload's fused GLU epilogue in both backends (default configs). Targets of
 issue 8: >= 700 TFLOP/s compute-bound, >= 90% of 4.8 TB/s bandwidth-bound. A config that fails
 to compile (e.g. shared memory) is recorded as an error and the run goes on.
 
@@ -90,13 +90,13 @@ def run_case(name, proj, t, top_k, e, k_dim, n_dim, configs, tgmm_configs, seed=
     for text, cfg in configs.items():
         fn = lambda x, w, g, cfg=cfg: gmm_mgpu.gmm(x, w, g, config=cfg)
         record(f"mosaic_gpu[{text}]", fn, reference, rhs, nbytes)
-    if name == "swiglu" and proj == "gate_up":  # the fused SwiGLU epilogue, default configs
+    if proj == "gate_up":  # the fused GLU epilogue of the workload (name), default configs
         glu_bytes = 2 * (hit * k_dim * n_dim + m * k_dim + m * n_dim // 2)
-        triton_glu = lambda x, w, g: gmm(x, w, g, activation="swiglu")
+        triton_glu = lambda x, w, g: gmm(x, w, g, activation=name)
         reference = np.asarray(jax.jit(triton_glu)(lhs, rhs, sizes), np.float32)
-        record("swiglu pallas_triton", triton_glu, reference, rhs, glu_bytes)
-        mosaic_glu = lambda x, w, g: gmm_mgpu.gmm(x, w, g, activation="swiglu")
-        record("swiglu mosaic_gpu", mosaic_glu, reference, rhs, glu_bytes)
+        record(f"{name} pallas_triton", triton_glu, reference, rhs, glu_bytes)
+        mosaic_glu = lambda x, w, g: gmm_mgpu.gmm(x, w, g, activation=name)
+        record(f"{name} mosaic_gpu", mosaic_glu, reference, rhs, glu_bytes)
     reference = np.asarray(jax.jit(tgmm)(lhs, d_out, sizes), np.float32)
     tgmm_bytes = 2 * (e * k_dim * n_dim + m * k_dim + m * n_dim)
     record("tgmm pallas_triton", tgmm, reference, d_out, tgmm_bytes)
