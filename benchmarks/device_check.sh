@@ -39,7 +39,7 @@ run_step() {
             fi ;;
     demo)   step "${DEMO_S:-45}" python3 -m moe_pallas demo ;;
     gmm)    step "${GMM_S:-150}" python3 benchmarks/bench_gmm.py --out "$OUT/gmm.json" --no-ragged-dot ;;
-    mgpu)   step "${MGPU_S:-150}" python3 benchmarks/bench_gmm_mgpu.py --out "$OUT/gmm_mgpu.json" ;;
+    mgpu)   step "${MGPU_S:-300}" python3 benchmarks/bench_gmm_mgpu.py --out "$OUT/gmm_mgpu.json" ;;
     layer)  step "${LAYER_S:-180}" python3 benchmarks/bench_layer.py --out "$OUT/layer.json" ;;
     fuzz)   FUZZ_REPORT="$OUT/fuzz.json" step "${FUZZ_S:-300}" python3 -m pytest tests/test_fuzz.py \
               --long --fuzz-minutes "$(( ${FUZZ_S:-300} / 60 - 1 ))" -q -p no:cacheprovider ;;
