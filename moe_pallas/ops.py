@@ -74,12 +74,10 @@ def _ragged_dot_fwd(lhs, rhs, group_sizes, out_dtype, backend):
 
 def _ragged_dot_bwd(out_dtype, backend, res, d_out):
     lhs, rhs, group_sizes = res
-    if _mosaic(backend, lhs, rhs, d_out):
-        d_lhs = _gmm_mgpu.gmm(d_out, rhs, group_sizes, transpose_rhs=True, out_dtype=lhs.dtype)
-        d_rhs = _tgmm_mgpu.tgmm(lhs, d_out, group_sizes, out_dtype=rhs.dtype)
-    else:
-        d_lhs = _gmm(d_out, rhs, group_sizes, transpose_rhs=True, out_dtype=lhs.dtype)
-        d_rhs = _tgmm(lhs, d_out, group_sizes, out_dtype=rhs.dtype)
+    mosaic = _mosaic(backend, lhs, rhs, d_out)
+    gmm, tgmm = (_gmm_mgpu.gmm, _tgmm_mgpu.tgmm) if mosaic else (_gmm, _tgmm)
+    d_lhs = gmm(d_out, rhs, group_sizes, transpose_rhs=True, out_dtype=lhs.dtype)
+    d_rhs = tgmm(lhs, d_out, group_sizes, out_dtype=rhs.dtype)
     return d_lhs, d_rhs, _zero_cotangent(group_sizes)
 
 
