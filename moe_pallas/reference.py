@@ -24,14 +24,23 @@ def _cast_params(params, dtype) -> dict:
     return {name: jnp.asarray(value).astype(dtype) for name, value in params.items()}
 
 
-def expert_apply(params: dict, expert: jax.Array, x_rows: jax.Array, activation: Activation):
-    """`expert_{expert[r]}(x_rows[r])` for each row r; ids out of range give zero rows."""
+def expert_apply(
+    params: dict, expert: jax.Array, x_rows: jax.Array, activation: Activation, h_dtype=None
+):
+    """`expert_{expert[r]}(x_rows[r])` for each row r; ids out of range give zero rows.
+
+    `h_dtype` rounds the gate_up pre-activation h to that dtype (value only: the rounding passes
+    gradients straight through), as kernels that store h in bfloat16 do: the gpt-oss clamps then
+    decide, and differentiate, at the same h they see.
+    """
     num_experts = params["w_gate_up"].shape[0]
     valid = (expert >= 0) & (expert < num_experts)
     e = jnp.where(valid, expert, 0)
     h = jnp.einsum("rh,rhn->rn", x_rows, params["w_gate_up"][e], precision=_HI)
     if "b_gate_up" in params:
         h = h + params["b_gate_up"][e]
+    if h_dtype is not None:
+        h = h + jax.lax.stop_gradient(h.astype(h_dtype).astype(h.dtype) - h)
     a = glu(*split_gate_up(h, activation), activation)
     y = jnp.einsum("ri,rih->rh", a, params["w_down"][e], precision=_HI)
     if "b_down" in params:
@@ -49,9 +58,12 @@ def _chunked_rows(fn, rows: int, chunk: int, *operands):
 
 
 def moe_experts_reference(
-    x, topk_idx, topk_weight, params, *, activation: Activation, dtype=jnp.float32, chunk=8
+    x, topk_idx, topk_weight, params, *, activation: Activation, dtype=jnp.float32, chunk=8,
+    h_dtype=None,
 ) -> jax.Array:
-    """The MoE-way oracle: sort by expert, apply each row's expert, un-sort, weighted sum."""
+    """The MoE-way oracle: sort by expert, apply each row's expert, un-sort, weighted sum.
+
+    `h_dtype`: round h to it, as the fused kernels' bf16 h is (see `expert_apply`)."""
     params = _cast_params(params, dtype)
     x = jnp.asarray(x).astype(dtype)
     num_tokens, top_k = topk_idx.shape
@@ -62,7 +74,7 @@ def moe_experts_reference(
     row_expert = flat_idx[order]
     row_token = order // top_k
     y_sorted = _chunked_rows(
-        lambda e, rows: expert_apply(params, e, rows, activation),
+        lambda e, rows: expert_apply(params, e, rows, activation, h_dtype),
         order.shape[0], chunk, row_expert, x[row_token],
     )
     y_pairs = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
