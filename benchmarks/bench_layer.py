@@ -91,6 +91,23 @@ def _stage_fns(activation, inputs):
             ),
             (x, p["w_gate_up"]),
         ),
+        # Variants that locate the cost of the gate_up and down kernels (schedule, gather, epilogue).
+        "tile_schedule": (
+            lambda sizes: _dispatch.tile_schedule(sizes, d.row_token.shape[0], 128),
+            (d.group_sizes,),
+        ),
+        "gate_up: XLA x[row_token] + gmm": (
+            lambda x, w: gmm(x[d.row_token], w, d.group_sizes, bias=p.get("b_gate_up")),
+            (x, p["w_gate_up"]),
+        ),
+        "gate_up: in-kernel gather, no bias": (
+            lambda x, w: gmm(x, w, d.group_sizes, lhs_row_index=d.row_token),
+            (x, p["w_gate_up"]),
+        ),
+        "down: no bias, no row_scale": (
+            lambda a, w: gmm(a, w, d.group_sizes),
+            (a, p["w_down"]),
+        ),
         "glu(h) xla": (
             lambda h: glu(*split_gate_up(h.astype(jnp.float32), activation), activation).astype(
                 h.dtype
@@ -136,10 +153,12 @@ def _stage_fns(activation, inputs):
 
 # dlhs_glu tiles to compare (its epilogue keeps ~6 [block_m, block_n] float32 tiles live).
 DLHS_CONFIGS = (
-    BlockConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3),
     BlockConfig(64, 128, 64, group_m=8, num_warps=8, num_stages=3),
     BlockConfig(64, 64, 64, group_m=8, num_warps=4, num_stages=3),
-    BlockConfig(128, 64, 64, group_m=8, num_warps=8, num_stages=4),
+    BlockConfig(64, 64, 64, group_m=8, num_warps=4, num_stages=4),
+    BlockConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=3),
+    BlockConfig(32, 128, 64, group_m=8, num_warps=4, num_stages=3),
+    BlockConfig(64, 64, 128, group_m=8, num_warps=4, num_stages=3),
 )
 
 
@@ -177,7 +196,7 @@ def main(argv=None):
         "--cases", default=DEFAULT_CASES, help="mode:workload:tokens, comma-separated"
     )
     parser.add_argument("--impls", default="moe_pallas:pallas_triton")
-    parser.add_argument("--breakdown", default="gptoss:2048,swiglu256:2048")
+    parser.add_argument("--breakdown", default="gptoss:2048,swiglu256:2048,gptoss:1")
     parser.add_argument("--budget", type=float, default=0.3)
     parser.add_argument("--out", help="JSON file to write")
     parser.add_argument("--small", action="store_true", help="tiny workloads (CPU smoke test)")

@@ -90,7 +90,8 @@ def tile_schedule(group_sizes: jax.Array, num_rows: int, block_m: int) -> TileSc
     tiles = (ends - starts + block_m - 1) // block_m
     visit_end = jnp.cumsum(tiles)
     v = jnp.arange(num_visits(num_rows, num_groups, block_m), dtype=jnp.int32)
-    group = jnp.searchsorted(visit_end, v, side="right").astype(jnp.int32)
+    # compare_all: one fused kernel (V x (G+2) compares) instead of a loop of small launches.
+    group = jnp.searchsorted(visit_end, v, side="right", method="compare_all").astype(jnp.int32)
     used = group <= num_groups
     group = jnp.minimum(group, num_groups)
     m_start = starts[group] + (v - (visit_end[group] - tiles[group])) * block_m

@@ -4,20 +4,16 @@ Rows m in [0, M = T·k) are the (token, slot) pairs sorted by expert (`dispatch.
 row_token[m] is the source token, row_weight[m] its routing weight, pair_row[t, j] the row of
 token t's slot j; rows with an out-of-range expert id sort last, past every group, and give zero.
 
-Forward (4 kernels and one XLA elementwise pass; the primal and the fwd rule are the same code):
+Forward under jax.grad (4 kernels and one XLA elementwise pass):
     h   = gmm(x, w_gate_up, lhs_row_index=row_token, bias=b_gate_up)      [M, 2I]  x's dtype
     a   = glu(h) (XLA, float32 math)                                         [M, I]   x's dtype
     y   = gmm(a, w_down, bias=b_down, row_scale=row_weight)                  [M, H]   x's dtype
     out = combine(y, pair_row)          out[t] = Σ_j y[pair_row[t, j]], float32, j ascending
-gmm's GLU epilogue (`activation=`) would skip the h round trip (M·2I elements written and read,
-about 0.1 ms at gpt-oss T = 2048), but measured on the H200 (2026-11-30, see
-benchmarks/results/layer_2026-11-30_h200.md) it is not usable yet: on gpt-oss's interleaved
-columns it took 14.6 ms against 2.1 ms + 0.06 ms for h + XLA glu (stride-2 weight gathers are not
-pipelined), and on SwiGLU's halves at the large block config it needs 240 KiB of shared memory
-(limit 227 KiB) and fails to compile. gmm's epilogue has since been rewritten for both (contiguous
-weight blocks; gpt-oss splits one interleaved accumulator in registers; GLU tiles halve block_n)
-and lowers for the H200, but is untimed: switch the no-gradient forward to it once
-benchmarks/bench_layer.py shows it faster (the forward under jax.grad keeps storing h, a residual).
+Without a gradient (the custom_vjp primal) the first two steps are one kernel, gmm's GLU epilogue
+(`a = gmm(x, w_gate_up, ..., activation=)`), so h never hits memory; the forward rule under
+jax.grad keeps h, the backward's residual. Measured on the H200 (2026-11-30,
+benchmarks/results/layer_2026-11-30_h200_v2.md), T = 2048: gpt-oss 1.750 ms epilogue vs
+1.732 + 0.051 ms h + XLA glu; SwiGLU 3.037 vs 3.003 + 0.063.
 
 Residuals, chosen for memory: h [M, 2I] in x's dtype and the int32 routing metadata; x, the params
 and topk_weight are inputs the caller keeps anyway. Not saved: a (recomputed from h in `dlhs_glu`),
@@ -83,17 +79,22 @@ def _group_sum(rows, group_sizes):
     return tgmm(ones, rows, group_sizes, lhs_row_index=every_row, out_dtype=jnp.float32)[:, 0]
 
 
-def _forward(activation, x, topk_idx, topk_weight, params):
-    """(out, residuals for `_fused_bwd`)."""
+def _forward(activation, x, topk_idx, topk_weight, params, keep_h=True):
+    """(out, residuals for `_fused_bwd`); without keep_h the GLU runs in gmm's epilogue, no h."""
     d, row_expert, row_weight = _routing(topk_idx, topk_weight, params["w_gate_up"].shape[0])
-    h = gmm(
+    gate_up = functools.partial(
+        gmm,
         x,
         params["w_gate_up"],
         d.group_sizes,
         lhs_row_index=d.row_token,
         bias=params.get("b_gate_up"),
     )
-    a = glu(*split_gate_up(h.astype(jnp.float32), activation), activation).astype(x.dtype)
+    if keep_h:
+        h = gate_up()
+        a = glu(*split_gate_up(h.astype(jnp.float32), activation), activation).astype(x.dtype)
+    else:
+        h, a = None, gate_up(activation=activation)
     y = gmm(a, params["w_down"], d.group_sizes, bias=params.get("b_down"), row_scale=row_weight)
     out = combine(y, d.pair_row.reshape(topk_idx.shape), out_dtype=x.dtype)
     return out, (x, topk_idx, topk_weight, params, d, row_expert, row_weight, h)
@@ -101,7 +102,7 @@ def _forward(activation, x, topk_idx, topk_weight, params):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _fused(activation, x, topk_idx, topk_weight, params):
-    return _forward(activation, x, topk_idx, topk_weight, params)[0]
+    return _forward(activation, x, topk_idx, topk_weight, params, keep_h=False)[0]
 
 
 def _fused_bwd(activation, residuals, dout):
