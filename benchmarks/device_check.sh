@@ -14,7 +14,8 @@
 #   memory  peak memory of fwd and fwd+bwd at the largest seed cases      -> $OUT/memory.json
 #   train   python -m moe_pallas train --size small
 # Usage on the device: OUT=... BENCH_COMMIT=<sha> STEPS="suites tests" bash benchmarks/device_check.sh
-# (each step's limit: <STEP>_S seconds, e.g. SUITES_S=150).
+# (each step's limit: <STEP>_S seconds, e.g. SUITES_S=150; TESTS=<files> picks the test files in
+# that order, TRAIN_ARGS the train options).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the output folder}"
@@ -33,7 +34,7 @@ run_step() {
     peers)  step "${PEERS_S:-240}" bash benchmarks/gpu_run.sh --suite gptoss,swiglu256 \
               --impls tokamax,torch._grouped_mm --out "$OUT/peers" --time-limit "$(( ${PEERS_S:-240} - 20 ))" --no-plots
             rm -f "$OUT/peers/results.csv" ;;
-    tests)  step "${TESTS_S:-240}" python3 -m pytest -m gpu -v -p no:cacheprovider tests ;;
+    tests)  step "${TESTS_S:-240}" python3 -m pytest -m gpu -v --durations=0 -p no:cacheprovider ${TESTS:-tests} ;;
     ep)     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
               step "${EP_S:-150}" python3 benchmarks/bench_ep.py --out "$OUT" --budget-s "$(( ${EP_S:-150} - 20 ))"
             fi ;;
@@ -44,7 +45,7 @@ run_step() {
     fuzz)   FUZZ_REPORT="$OUT/fuzz.json" step "${FUZZ_S:-300}" python3 -m pytest tests/test_fuzz.py \
               --long --fuzz-minutes "$(( ${FUZZ_S:-300} / 60 - 1 ))" -q -p no:cacheprovider ;;
     memory) step "${MEMORY_S:-180}" python3 -m benchmarks.bench_memory --out "$OUT/memory.json" ;;
-    train)  step "${TRAIN_S:-120}" python3 -m moe_pallas train --size small ;;
+    train)  step "${TRAIN_S:-120}" python3 -m moe_pallas train --no-progress ${TRAIN_ARGS:---size small} ;;
     *)      echo "unknown step $1" ;;
   esac
 }

@@ -49,11 +49,15 @@ def expert_apply(
 
 
 def _chunked_rows(fn, rows: int, chunk: int, *operands):
-    """Apply `fn` to `chunk` rows of each operand at a time (bounded memory), concatenate."""
+    """Apply `fn` to `chunk` rows of each operand at a time (bounded memory), concatenate.
+
+    Each chunk is rematerialised under jax.grad: otherwise the backward would keep every chunk's
+    gathered weights (rows x H x 2I floats: 68 GB at gpt-oss T = 256).
+    """
     pad = -rows % chunk
     padded = [jnp.pad(o, [(0, pad)] + [(0, 0)] * (o.ndim - 1)) for o in operands]
     batched = [o.reshape(-1, chunk, *o.shape[1:]) for o in padded]
-    out = jax.lax.map(lambda args: fn(*args), batched)
+    out = jax.lax.map(jax.checkpoint(lambda args: fn(*args)), batched)
     return out.reshape(-1, *out.shape[2:])[:rows]
 
 
