@@ -20,6 +20,7 @@ the auxiliary-loss-free balancing rule to it.
 """
 
 import dataclasses
+import inspect
 from typing import Any
 
 import jax
@@ -223,6 +224,12 @@ def corrected_bias(bias: jax.Array, expert_counts: jax.Array, rate: float) -> ja
     return bias + (rate * step).astype(bias.dtype)
 
 
+# Flax releases whose `sow` takes capture_noop (no-op outside `nnx.capture`); older ones store the
+# values as module attributes, which changes the module's state inside nnx.scan/jit (the H200
+# image's flax failed the training step on it), so there the layer does not sow: use return_aux.
+_SOW_CAPTURE = "capture_noop" in inspect.signature(nnx.Module.sow).parameters
+
+
 class MoE(nnx.Module):
     """Mixture-of-Experts layer: `y = layer(x)` for `x[..., hidden_size]`.
 
@@ -248,7 +255,8 @@ class MoE(nnx.Module):
     Call: `layer(x)` returns y (x's shape, compute dtype); `layer(x, return_aux=True)` returns
     (y, aux) with aux = {"aux_loss", "load_balancing_loss", "z_loss", "expert_counts",
     "dropped_rows"} (rows an expert-parallel exchange dropped; 0 without a mesh). The same
-    values are sown as `nnx.Intermediate`: collect them with `nnx.capture(model, nnx.Intermediate)`.
+    values are sown as `nnx.Intermediate` (Flax releases with `nnx.capture`): collect them with
+    `nnx.capture(model, nnx.Intermediate)`.
     """
 
     def __init__(
@@ -319,8 +327,9 @@ class MoE(nnx.Module):
 
     def __call__(self, x: jax.Array, *, return_aux: bool = False):
         y, aux = moe_apply(self.config, self.params_dict(), x)
-        for name in AUX_NAMES:
-            self.sow(nnx.Intermediate, name, aux[name], capture_noop=True)
+        if _SOW_CAPTURE:
+            for name in AUX_NAMES:
+                self.sow(nnx.Intermediate, name, aux[name], capture_noop=True)
         return (y, aux) if return_aux else y
 
     def update_correction_bias(self, expert_counts: jax.Array, rate: float = 1e-3) -> None:
