@@ -122,7 +122,7 @@ def main():
     tokens = [int(t) for t in (ARGS.tokens or ("32,64" if ARGS.small else "2048,8192")).split(",")]
     one = devices[0]
     mesh = moe_pallas.expert_mesh(2, devices=devices[:2])
-    exchange = parallel.resolve_exchange(ARGS.exchange, mesh)
+    exchange = parallel.resolve_exchange(ARGS.exchange)
     ep = {"exchange": exchange, "capacity_factor": ARGS.capacity_factor}
     ARGS.out.mkdir(parents=True, exist_ok=True)
     path = ARGS.out / f"ep_{datetime.date.today():%Y%m%d}.json"

@@ -48,7 +48,9 @@ def main(argv=None) -> dict:
     x0 = jax.device_put(jax.random.normal(jax.random.key(0), (rows, 1024), jnp.bfloat16), devices[0])
     result = {"device": devices[0].device_kind, "jax": jax.__version__, "mib": args.mib}
     if shutil.which("nvidia-smi"):
-        topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True)
+        topo = subprocess.run(
+            ["nvidia-smi", "topo", "-m"], capture_output=True, text=True, check=False
+        )
         result["topology"] = topo.stdout
         print(topo.stdout)
     seconds = _median_s(lambda a: jax.device_put(a, devices[1]), x0)

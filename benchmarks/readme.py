@@ -18,9 +18,11 @@ def section(folder: Path) -> str:
     data = json.loads((folder / "results.json").read_text())
     rel = folder.resolve().relative_to(ROOT)
     table = run.markdown(data["rows"], data["summary"], data["meta"])
+    kinds = {"results.json": "JSON", "results.csv": "CSV", "roofline.png": "roofline plot"}
+    kinds["latency.png"] = "latency plot"
+    present = ", ".join(kind for name, kind in kinds.items() if (folder / name).exists())
     return (
-        f"{BEGIN}\n{table}\nFull results: [`{rel}/`]({rel}/) "
-        "(JSON, CSV, roofline and latency plots).\n\n"
+        f"{BEGIN}\n{table}\nFull results: [`{rel}/`]({rel}/) ({present}).\n\n"
         f"![% SOL per case]({rel}/pct_sol.png)\n{END}"
     )
 

@@ -167,8 +167,8 @@ def moe_experts(
         `jax.shard_map`: experts split over `expert_axis`, tokens over every mesh axis; same
         global arrays in and out. None: one device. See `moe_pallas.parallel`.
       expert_axis: the mesh axis the experts are split over.
-      exchange: "auto", "all_to_all" (fixed capacity, any platform) or "ragged"
-        (`jax.lax.ragged_all_to_all`, GPU).
+      exchange: "auto" (= "all_to_all"), "all_to_all" (fixed capacity, any platform) or
+        "ragged" (`jax.lax.ragged_all_to_all`, GPU; slow in jax 0.11.2, see moe_pallas.parallel).
       capacity_factor: receive buffer per device in units of its balanced load; None (default)
         sizes it for the worst case and never drops. Dropped rows contribute zero, are counted in
         the stats, and raise under `moe_pallas.debug_checks()`.

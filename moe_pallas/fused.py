@@ -11,9 +11,10 @@ Forward under jax.grad (4 kernels and one XLA elementwise pass):
     out = combine(y, pair_row)          out[t] = Σ_j y[pair_row[t, j]], float32, j ascending
 Without a gradient (the custom_vjp primal) the first two steps are one kernel, gmm's GLU epilogue
 (`a = gmm(x, w_gate_up, ..., activation=)`), so h never hits memory; the forward rule under
-jax.grad keeps h, the backward's residual. Measured on the H200 (2026-11-30,
-benchmarks/results/layer_2026-11-30_h200_v2.md), T = 2048: gpt-oss 1.750 ms epilogue vs
-1.732 + 0.051 ms h + XLA glu; SwiGLU 3.037 vs 3.003 + 0.063.
+jax.grad keeps h, the backward's residual. On the H200 at T = 2048 the two are equally fast within
+2% (two runs, benchmarks/results/2026-11-30_h200_session2/: gpt-oss 1.750 and 1.590 ms for the
+epilogue vs 1.783 and 1.560 for gmm → h + XLA glu; SwiGLU 3.037 and 2.802 vs 3.066 and 2.824);
+the epilogue wins on memory (no [M, 2I] h).
 
 Residuals, chosen for memory: h [M, 2I] in x's dtype and the int32 routing metadata; x, the params
 and topk_weight are inputs the caller keeps anyway. Not saved: a (recomputed from h in `dlhs_glu`),
