@@ -27,10 +27,14 @@ SMALL = {"hidden": 64, "inter": 32, "experts": 16, "top_k": 4}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--out", type=Path, required=True, help="directory for ep_<date>.json")
     p.add_argument("--small", action="store_true", help="tiny shapes on 2 simulated CPU devices")
-    p.add_argument("--tokens", default=None, help="T per device, comma separated (default 2048,8192)")
+    p.add_argument(
+        "--tokens", default=None, help="T per device, comma separated (default 2048,8192)"
+    )
     p.add_argument("--exchange", default="auto", choices=("auto", "ragged", "all_to_all"))
     p.add_argument("--capacity-factor", type=float, default=None, help="default: never drop")
     p.add_argument("--implementation", default="auto")
@@ -40,7 +44,9 @@ def parse_args(argv=None):
 
 ARGS = parse_args()
 if ARGS.small:  # before jax is imported
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+    )
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
@@ -66,8 +72,10 @@ def make_inputs(tokens, shape, dtype, seed=0):
     x = jax.random.normal(ks[0], (tokens, h), dtype)
     idx = jax.lax.top_k(jax.random.normal(ks[1], (tokens, e)), k)[1]
     w = jax.nn.softmax(jax.random.normal(ks[2], (tokens, k)), axis=-1)
-    params = {"w_gate_up": (jax.random.normal(ks[3], (e, h, 2 * i), dtype) / h**0.5).astype(dtype),
-              "w_down": (jax.random.normal(ks[4], (e, i, h), dtype) / i**0.5).astype(dtype)}
+    params = {
+        "w_gate_up": (jax.random.normal(ks[3], (e, h, 2 * i), dtype) / h**0.5).astype(dtype),
+        "w_down": (jax.random.normal(ks[4], (e, i, h), dtype) / i**0.5).astype(dtype),
+    }
     return x, idx, w, params
 
 
@@ -75,8 +83,12 @@ def place(mesh, x, idx, w, params):
     """Tokens over every mesh axis, experts over "expert"."""
     tok = NamedSharding(mesh, P(tuple(mesh.axis_names)))
     exp = NamedSharding(mesh, P("expert"))
-    return (jax.device_put(x, tok), jax.device_put(idx, tok), jax.device_put(w, tok),
-            jax.tree.map(lambda p: jax.device_put(p, exp), params))
+    return (
+        jax.device_put(x, tok),
+        jax.device_put(idx, tok),
+        jax.device_put(w, tok),
+        jax.tree.map(lambda p: jax.device_put(p, exp), params),
+    )
 
 
 def median_ms(fn, args) -> float:
@@ -84,8 +96,15 @@ def median_ms(fn, args) -> float:
 
 
 def layer_fns(activation, implementation, mesh=None, **ep):
-    fwd = jax.jit(partial(moe_pallas.moe_experts, activation=activation, implementation=implementation,
-                          mesh=mesh, **ep))
+    fwd = jax.jit(
+        partial(
+            moe_pallas.moe_experts,
+            activation=activation,
+            implementation=implementation,
+            mesh=mesh,
+            **ep,
+        )
+    )
 
     def loss(x, idx, w, params):
         return jnp.sum(fwd(x, idx, w, params).astype(jnp.float32) ** 2)
@@ -101,8 +120,9 @@ def exchange_round_trip(mesh, exchange, tokens_per_device, top_k, experts, capac
 
     def body(x, idx, w):
         plan = parallel._plan(idx, experts // shards, shards)
-        trip = parallel._ROUND_TRIPS[exchange](x, w, plan, lambda xr, _e, _w: xr, "expert",
-                                               experts // shards, capacity)
+        trip = parallel._ROUND_TRIPS[exchange](
+            x, w, plan, lambda xr, _e, _w: xr, "expert", experts // shards, capacity
+        )
         return jnp.sum(trip.y_pair.astype(jnp.float32).reshape(*idx.shape, -1), 1).astype(x.dtype)
 
     return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(axes),) * 3, out_specs=P(axes)))
@@ -126,17 +146,29 @@ def main():
     ep = {"exchange": exchange, "capacity_factor": ARGS.capacity_factor}
     ARGS.out.mkdir(parents=True, exist_ok=True)
     path = ARGS.out / f"ep_{datetime.date.today():%Y%m%d}.json"
-    result = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-              "device": str(one.device_kind), "jax": jax.__version__, "shape": shape,
-              "dtype": "bfloat16", "exchange": exchange, "capacity_factor": ARGS.capacity_factor,
-              "implementation": ARGS.implementation, "correctness": {}, "rows": []}
+    result = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": str(one.device_kind),
+        "jax": jax.__version__,
+        "shape": shape,
+        "dtype": "bfloat16",
+        "exchange": exchange,
+        "capacity_factor": ARGS.capacity_factor,
+        "implementation": ARGS.implementation,
+        "correctness": {},
+        "rows": [],
+    }
 
     def save():
         path.write_text(json.dumps(result, indent=1))
 
     # Correctness: 2-device layer vs 1-device layer on a small case (forward and gradients).
-    small = {**shape, "hidden": min(shape["hidden"], 256), "inter": min(shape["inter"], 128),
-             "experts": 16}
+    small = {
+        **shape,
+        "hidden": min(shape["hidden"], 256),
+        "inter": min(shape["inter"], 128),
+        "experts": 16,
+    }
     x, idx, w, params = make_inputs(256, small, dtype, seed=1)
     fwd1, train1 = layer_fns("swiglu", ARGS.implementation)
     fwd2, train2 = layer_fns("swiglu", ARGS.implementation, mesh, **ep)
@@ -167,24 +199,39 @@ def main():
             row["ms_2dev"] = median_ms(f2, args2)
             row["efficiency"] = row["ms_1dev"] / row["ms_2dev"]
             if mode == "fwd":
-                stats = jax.jit(partial(moe_pallas.moe_experts, activation="swiglu", mesh=mesh,
-                                        implementation=ARGS.implementation, return_stats=True,
-                                        **ep))(*args2)[1]
+                stats = jax.jit(
+                    partial(
+                        moe_pallas.moe_experts,
+                        activation="swiglu",
+                        mesh=mesh,
+                        implementation=ARGS.implementation,
+                        return_stats=True,
+                        **ep,
+                    )
+                )(*args2)[1]
                 row["dropped_rows"] = int(stats["dropped_rows"])
                 row["rows_per_shard"] = stats["rows_per_shard"].tolist()
-                capacity = parallel.capacity_rows(exchange, t * shape["top_k"], 2, ARGS.capacity_factor)
-                trip = exchange_round_trip(mesh, exchange, t, shape["top_k"], shape["experts"], capacity)
+                capacity = parallel.capacity_rows(
+                    exchange, t * shape["top_k"], 2, ARGS.capacity_factor
+                )
+                trip = exchange_round_trip(
+                    mesh, exchange, t, shape["top_k"], shape["experts"], capacity
+                )
                 row["ms_exchange"] = median_ms(trip, args2[:3])
             del args2
             result["rows"].append(row)
             save()
             print(json.dumps(row), flush=True)
 
-    print(f"\n{'mode':8} {'T/dev':>6} {'1 dev ms':>9} {'2 dev ms':>9} {'eff':>6} {'exch ms':>8} dropped")
+    print(
+        f"\n{'mode':8} {'T/dev':>6} {'1 dev ms':>9} {'2 dev ms':>9} {'eff':>6} {'exch ms':>8} dropped"
+    )
     for r in result["rows"]:
-        print(f"{r['mode']:8} {r['tokens_per_device']:>6} {r['ms_1dev']:>9.3f} {r['ms_2dev']:>9.3f} "
-              f"{r['efficiency']:>6.2f} {r.get('ms_exchange', float('nan')):>8.3f} "
-              f"{r.get('dropped_rows', '')}")
+        print(
+            f"{r['mode']:8} {r['tokens_per_device']:>6} {r['ms_1dev']:>9.3f} {r['ms_2dev']:>9.3f} "
+            f"{r['efficiency']:>6.2f} {r.get('ms_exchange', float('nan')):>8.3f} "
+            f"{r.get('dropped_rows', '')}"
+        )
     print(f"wrote {path} in {elapsed():.0f} s")
 
 

@@ -38,7 +38,8 @@ def _budget(workload, tokens: int, mode: str, params_bytes: int, itemsize: int =
         resident = params_bytes + tokens * h * (itemsize + 4) + routing  # x, dout float32
         temporaries = (
             params_bytes  # weight grads
-            + tokens * h * itemsize + routing  # dx, d topk_weight (+ metadata)
+            + tokens * h * itemsize
+            + routing  # dx, d topk_weight (+ metadata)
             + m * 2 * i * itemsize  # residual h
             + m * (2 * i + i + 2 * h) * itemsize  # dh, a, dy, dx_rows
         )
@@ -57,7 +58,8 @@ def run_case(spec: str, small: bool, implementation: str) -> dict:
     workload = (_cases.SMALL_WORKLOADS if small else _cases.WORKLOADS)[name]
     case = _cases.Case("layer", workload, int(tokens), "train" if mode == "train" else "fwd")
     params = jax.tree.map(
-        lambda a: jnp.full(a.shape, 0.01, a.dtype), jax.eval_shape(lambda: _cases.make_params(workload))
+        lambda a: jnp.full(a.shape, 0.01, a.dtype),
+        jax.eval_shape(lambda: _cases.make_params(workload)),
     )
     x, idx, w = _cases.make_tokens(case)
     f = lambda x, w, p: moe_experts(
@@ -102,7 +104,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--cases", default=DEFAULT_CASES, help="mode:workload:tokens, comma-separated")
+    parser.add_argument(
+        "--cases", default=DEFAULT_CASES, help="mode:workload:tokens, comma-separated"
+    )
     parser.add_argument("--slack", type=float, default=1.25)
     parser.add_argument("--small", action="store_true", help="tiny workloads (CPU smoke test)")
     parser.add_argument("--implementation", default="auto", help="moe_experts backend")
@@ -114,8 +118,15 @@ def main(argv=None) -> int:
         return 0
     rows, failed = [], False
     for spec in (s for s in args.cases.split(",") if s):
-        cmd = [sys.executable, "-m", "benchmarks.bench_memory", "--one", spec,
-               "--implementation", args.implementation] + ["--small"] * args.small
+        cmd = [
+            sys.executable,
+            "-m",
+            "benchmarks.bench_memory",
+            "--one",
+            spec,
+            "--implementation",
+            args.implementation,
+        ] + ["--small"] * args.small
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if proc.returncode:
             row = {"case": spec, "status": "error", "message": proc.stderr[-2000:]}
@@ -131,11 +142,16 @@ def main(argv=None) -> int:
                 row["step_peak_over_budget"] = round(row["step_peak"] / temporaries, 3)
         failed |= row["status"] in ("over", "error")
         rows.append(row)
-        gib = lambda b: "-" if b is None else f"{b / 2**30:.3f} GiB" if b >= 2**26 else f"{b / 2**20:.2f} MiB"
-        print(f"{spec:24s} {row['status']:5s} step peak {gib(row.get('step_peak'))}   "
-              f"budget temporaries {gib(row.get('budget', {}).get('temporaries'))}  "
-              f"planned {gib(row.get('planned_bytes'))}  "
-              f"{row.get('message', '')[-300:]}", flush=True)
+        gib = lambda b: (
+            "-" if b is None else f"{b / 2**30:.3f} GiB" if b >= 2**26 else f"{b / 2**20:.2f} MiB"
+        )
+        print(
+            f"{spec:24s} {row['status']:5s} step peak {gib(row.get('step_peak'))}   "
+            f"budget temporaries {gib(row.get('budget', {}).get('temporaries'))}  "
+            f"planned {gib(row.get('planned_bytes'))}  "
+            f"{row.get('message', '')[-300:]}",
+            flush=True,
+        )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(rows, f, indent=1)

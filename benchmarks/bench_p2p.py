@@ -45,7 +45,9 @@ def main(argv=None) -> dict:
     n = args.mib * 2**20 // 2  # bf16 elements per device
     rows = n // 1024
     mesh = Mesh(np.asarray(devices), ("x",))
-    x0 = jax.device_put(jax.random.normal(jax.random.key(0), (rows, 1024), jnp.bfloat16), devices[0])
+    x0 = jax.device_put(
+        jax.random.normal(jax.random.key(0), (rows, 1024), jnp.bfloat16), devices[0]
+    )
     result = {"device": devices[0].device_kind, "jax": jax.__version__, "mib": args.mib}
     if shutil.which("nvidia-smi"):
         topo = subprocess.run(

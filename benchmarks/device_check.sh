@@ -15,7 +15,8 @@
 #   train   python -m moe_pallas train --size small
 # Usage on the device: OUT=... BENCH_COMMIT=<sha> STEPS="suites tests" bash benchmarks/device_check.sh
 # (each step's limit: <STEP>_S seconds, e.g. SUITES_S=150; TESTS=<files> picks the test files in
-# that order, TRAIN_ARGS the train options).
+# that order, TEST_TIMEOUT caps each test (pytest-timeout, on the device image), TRAIN_ARGS the
+# train options).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the output folder}"
@@ -34,7 +35,8 @@ run_step() {
     peers)  step "${PEERS_S:-240}" bash benchmarks/gpu_run.sh --suite gptoss,swiglu256 \
               --impls tokamax,torch._grouped_mm --out "$OUT/peers" --time-limit "$(( ${PEERS_S:-240} - 20 ))" --no-plots
             rm -f "$OUT/peers/results.csv" ;;
-    tests)  step "${TESTS_S:-240}" python3 -m pytest -m gpu -v --durations=0 -p no:cacheprovider ${TESTS:-tests} ;;
+    tests)  step "${TESTS_S:-240}" python3 -m pytest -m gpu -v --durations=0 -p no:cacheprovider \
+              --timeout "${TEST_TIMEOUT:-120}" ${TESTS:-tests} ;;
     ep)     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
               step "${EP_S:-150}" python3 benchmarks/bench_ep.py --out "$OUT" --budget-s "$(( ${EP_S:-150} - 20 ))"
             fi ;;

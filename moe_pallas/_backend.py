@@ -18,7 +18,8 @@ def interpret_mode() -> bool:
 def resolve(implementation: str, *, mosaic_gpu: bool = False) -> str:
     """Map `implementation` to the backend that runs: "pallas_triton", "xla" or "mosaic_gpu".
 
-    "auto" picks pallas_triton on GPU and xla elsewhere (never mosaic_gpu: untimed); an explicit
+    "auto" picks pallas_triton on GPU and xla elsewhere (never mosaic_gpu: slower on the H200 at
+    every shape measured, benchmarks/results/2026-11-30_h200_session2/); an explicit
     Pallas backend off GPU runs the kernels in interpret mode (slow, for tests). "mosaic_gpu" is
     accepted only by callers that have Mosaic GPU kernels (`mosaic_gpu=True`: ragged_dot, tgmm).
     """

@@ -46,7 +46,7 @@ def make_case(workload: Workload, size: str, dtype, seed: int = 0):
     hidden, inter = workload.hidden // width_div, workload.intermediate // width_div
     num_experts = workload.num_experts // expert_div
     keys = jax.random.split(jax.random.key(seed), 7)
-    normal = lambda key, shape, scale: (scale * jax.random.normal(key, shape, jnp.float32))
+    normal = lambda key, shape, scale: scale * jax.random.normal(key, shape, jnp.float32)
     params = {
         "w_gate_up": normal(keys[0], (num_experts, hidden, 2 * inter), hidden**-0.5).astype(dtype),
         "w_down": normal(keys[1], (num_experts, inter, hidden), inter**-0.5).astype(dtype),
@@ -57,7 +57,9 @@ def make_case(workload: Workload, size: str, dtype, seed: int = 0):
     x = normal(keys[4], (tokens, hidden), 1.0).astype(dtype)
     logits = normal(keys[5], (tokens, num_experts), 1.0)
     renormalize = workload.router == "softmax_topk"
-    topk_idx, topk_weight, _ = route(logits, workload.top_k, method=workload.router, renormalize=renormalize)
+    topk_idx, topk_weight, _ = route(
+        logits, workload.top_k, method=workload.router, renormalize=renormalize
+    )
     return x, topk_idx, topk_weight, params
 
 
@@ -78,18 +80,29 @@ def run(size: str, implementation: str, dtype_name: str, repeats: int = 5) -> li
     rows = []
     for workload in WORKLOADS.values():
         x, topk_idx, topk_weight, params = make_case(workload, size, dtype)
-        layer = jax.jit(functools.partial(moe_experts, activation=workload.activation, implementation=backend))
+        layer = jax.jit(
+            functools.partial(moe_experts, activation=workload.activation, implementation=backend)
+        )
         out = layer(x, topk_idx, topk_weight, params).astype(jnp.float32)
-        oracle = functools.partial(moe_experts_reference, activation=workload.activation, chunk=chunk)
+        oracle = functools.partial(
+            moe_experts_reference, activation=workload.activation, chunk=chunk
+        )
         ref = jax.jit(oracle)(x, topk_idx, topk_weight, params)
         rel = float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
-        rows.append({
-            "workload": workload.name, "T": x.shape[0], "H": x.shape[1], "E": params["w_gate_up"].shape[0],
-            "backend": backend, "dtype": dtype_name,
-            "max_err": float(jnp.max(jnp.abs(out - ref))), "rel_err": rel,
-            "ms": _median_ms(layer, x, topk_idx, topk_weight, params, repeats=repeats),
-            "ok": bool(np.isfinite(rel) and rel <= TOLERANCE[dtype_name]),
-        })
+        rows.append(
+            {
+                "workload": workload.name,
+                "T": x.shape[0],
+                "H": x.shape[1],
+                "E": params["w_gate_up"].shape[0],
+                "backend": backend,
+                "dtype": dtype_name,
+                "max_err": float(jnp.max(jnp.abs(out - ref))),
+                "rel_err": rel,
+                "ms": _median_ms(layer, x, topk_idx, topk_weight, params, repeats=repeats),
+                "ok": bool(np.isfinite(rel) and rel <= TOLERANCE[dtype_name]),
+            }
+        )
     return rows
 
 
@@ -105,19 +118,31 @@ def format_table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m moe_pallas demo", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m moe_pallas demo", description=__doc__.splitlines()[0]
+    )
     default_size = "full" if jax.default_backend() == "gpu" else "small"
-    parser.add_argument("--size", choices=sorted(SIZES), default=default_size,
-                        help=f"problem size (default on this platform: {default_size}; full = the seed shapes at T=2048)")
-    parser.add_argument("--implementation", default="auto", help="moe_experts backend (default: auto)")
+    parser.add_argument(
+        "--size",
+        choices=sorted(SIZES),
+        default=default_size,
+        help=f"problem size (default on this platform: {default_size}; full = the seed shapes at T=2048)",
+    )
+    parser.add_argument(
+        "--implementation", default="auto", help="moe_experts backend (default: auto)"
+    )
     parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="bfloat16")
     args = parser.parse_args(argv)
-    print(f"moe_pallas demo on {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}")
+    print(
+        f"moe_pallas demo on {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"
+    )
     rows = run(args.size, args.implementation, args.dtype)
     print(format_table(rows))
     bad = [r["workload"] for r in rows if not r["ok"]]
     if bad:
-        print(f"MISMATCH against the reference in: {', '.join(bad)} (bound {TOLERANCE[args.dtype]:.0e})")
+        print(
+            f"MISMATCH against the reference in: {', '.join(bad)} (bound {TOLERANCE[args.dtype]:.0e})"
+        )
         return 1
     print(f"all results within {TOLERANCE[args.dtype]:.0e} relative error of the float32 reference")
     return 0

@@ -51,7 +51,9 @@ def validate(x, topk_idx, topk_weight, params, activation) -> dict[str, jax.Arra
             "reshape leading batch dimensions into T."
         )
     if topk_idx.ndim != 2 or not jnp.issubdtype(topk_idx.dtype, jnp.integer):
-        raise TypeError(f"topk_idx must be an integer [T, k] array, got {topk_idx.dtype}{list(topk_idx.shape)}.")
+        raise TypeError(
+            f"topk_idx must be an integer [T, k] array, got {topk_idx.dtype}{list(topk_idx.shape)}."
+        )
     if topk_weight.shape != topk_idx.shape or not jnp.issubdtype(topk_weight.dtype, jnp.floating):
         raise TypeError(
             f"topk_weight must be a floating array shaped like topk_idx {list(topk_idx.shape)}, "
@@ -71,7 +73,9 @@ def validate(x, topk_idx, topk_weight, params, activation) -> dict[str, jax.Arra
     if hidden != x.shape[1]:
         raise ValueError(f"params['w_gate_up'] is [E, H={hidden}, 2I] but x has H={x.shape[1]}.")
     if two_inter % 2:
-        raise ValueError(f"params['w_gate_up'] has an odd last dimension {two_inter}; it must be 2I.")
+        raise ValueError(
+            f"params['w_gate_up'] has an odd last dimension {two_inter}; it must be 2I."
+        )
     if w_down.shape != (num_experts, two_inter // 2, hidden):
         raise ValueError(
             f"params['w_down'] must be [E, I, H]={[num_experts, two_inter // 2, hidden]} to match "
@@ -80,7 +84,9 @@ def validate(x, topk_idx, topk_weight, params, activation) -> dict[str, jax.Arra
     expected_bias = {"b_gate_up": (num_experts, two_inter), "b_down": (num_experts, hidden)}
     for name, shape in expected_bias.items():
         if name in params and params[name].shape != shape:
-            raise ValueError(f"params[{name!r}] must be {list(shape)}, got {list(params[name].shape)}.")
+            raise ValueError(
+                f"params[{name!r}] must be {list(shape)}, got {list(params[name].shape)}."
+            )
     for name, value in params.items():
         if not jnp.issubdtype(value.dtype, jnp.floating):
             raise TypeError(f"params[{name!r}] must be floating, got {value.dtype}.")
@@ -111,7 +117,9 @@ def sort_by_expert(topk_idx: jax.Array, num_experts: int):
     flat = topk_idx.reshape(-1).astype(jnp.int32)
     valid = (flat >= 0) & (flat < num_experts)
     order = jnp.argsort(jnp.where(valid, flat, num_experts), stable=True).astype(jnp.int32)
-    group_sizes = jnp.zeros((num_experts,), jnp.int32).at[flat].add(valid.astype(jnp.int32), mode="drop")
+    group_sizes = (
+        jnp.zeros((num_experts,), jnp.int32).at[flat].add(valid.astype(jnp.int32), mode="drop")
+    )
     return order, group_sizes
 
 
@@ -183,8 +191,16 @@ def moe_experts(
         from moe_pallas.parallel import moe_experts_parallel  # parallel imports this module
 
         out, stats = moe_experts_parallel(
-            x, topk_idx, topk_weight, params, activation=activation, implementation=implementation,
-            mesh=mesh, expert_axis=expert_axis, exchange=exchange, capacity_factor=capacity_factor,
+            x,
+            topk_idx,
+            topk_weight,
+            params,
+            activation=activation,
+            implementation=implementation,
+            mesh=mesh,
+            expert_axis=expert_axis,
+            exchange=exchange,
+            capacity_factor=capacity_factor,
         )
         return (out, stats) if return_stats else out
     debug.check_routing(x, topk_idx, topk_weight, params["w_gate_up"].shape[0])

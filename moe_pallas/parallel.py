@@ -114,7 +114,9 @@ def _meta(local_expert, weight):
     return jnp.stack([local_expert.astype(jnp.float32), weight.astype(jnp.float32)], axis=-1)
 
 
-def _all_to_all_round_trip(x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity):
+def _all_to_all_round_trip(
+    x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity
+):
     """Fixed slots: slot (d, c) of the [S*C] send buffer carries sorted row start[d] + c."""
     num_shards, top_k = plan.counts.shape[0], weight.shape[1]
     slot = jnp.arange(capacity, dtype=jnp.int32)
@@ -122,7 +124,9 @@ def _all_to_all_round_trip(x, weight, plan: _Plan, apply: ApplyFn, axis, experts
     sorted_row = jnp.where(filled, plan.start[:, None] + slot[None, :], 0)
     pair = plan.order[sorted_row]
     shard = jnp.arange(num_shards, dtype=jnp.int32)[:, None]
-    local = jnp.where(filled, plan.sorted_expert[sorted_row] - shard * experts_per_shard, experts_per_shard)
+    local = jnp.where(
+        filled, plan.sorted_expert[sorted_row] - shard * experts_per_shard, experts_per_shard
+    )
     x_send = jnp.where(filled[..., None], x[pair // top_k], 0).reshape(num_shards * capacity, -1)
     meta_send = _meta(local, jnp.where(filled, weight.reshape(-1)[pair], 0)).reshape(-1, 2)
     x_recv, meta = (jax.lax.all_to_all(a, axis, 0, 0, tiled=True) for a in (x_send, meta_send))
@@ -130,7 +134,9 @@ def _all_to_all_round_trip(x, weight, plan: _Plan, apply: ApplyFn, axis, experts
     y = apply(x_recv, local_recv, meta[:, 1].astype(weight.dtype))
     y_back = jax.lax.all_to_all(y, axis, 0, 0, tiled=True)
     kept = (plan.dest < num_shards) & (plan.rank < capacity)
-    y_pair = jnp.where(kept[:, None], y_back[jnp.where(kept, plan.dest * capacity + plan.rank, 0)], 0)
+    y_pair = jnp.where(
+        kept[:, None], y_back[jnp.where(kept, plan.dest * capacity + plan.rank, 0)], 0
+    )
     return _RoundTrip(y_pair, kept, jnp.sum(local_recv < experts_per_shard, dtype=jnp.int32))
 
 
@@ -197,8 +203,11 @@ def _to_mesh(a: jax.Array, mesh: Mesh, spec: P) -> jax.Array:
 
 def _raise_on_counts(counts, num_experts: int, capacity: int, exchange: str, _after) -> None:
     dropped, bad_ids, bad_weights, bad_x = np.asarray(counts).tolist()
-    debug._raise_if(bad_ids > 0, f"topk_idx holds {bad_ids} expert ids outside [0, {num_experts}); "
-                    "fix the router or num_experts.")
+    debug._raise_if(
+        bad_ids > 0,
+        f"topk_idx holds {bad_ids} expert ids outside [0, {num_experts}); "
+        "fix the router or num_experts.",
+    )
     debug._raise_if(bad_weights > 0, "topk_weight holds NaN or Inf; check the router logits.")
     debug._raise_if(bad_x > 0, "x holds NaN or Inf; check the layer input.")
     debug._raise_if(
@@ -215,7 +224,9 @@ def _debug_counts(x, topk_idx, topk_weight, dropped, num_tokens, num_experts, ax
     bad_ids = real & ((topk_idx < 0) | (topk_idx >= num_experts))
     bad_weights = real & ~jnp.isfinite(topk_weight)
     bad_x = real & ~jnp.isfinite(x)
-    return jnp.stack([dropped] + [jnp.sum(b, dtype=jnp.int32) for b in (bad_ids, bad_weights, bad_x)])
+    return jnp.stack(
+        [dropped] + [jnp.sum(b, dtype=jnp.int32) for b in (bad_ids, bad_weights, bad_x)]
+    )
 
 
 def moe_experts_parallel(
@@ -239,18 +250,28 @@ def moe_experts_parallel(
     With mesh=None it is the single-device call, which drops nothing (S = 1).
     """
     if mesh is None:
-        out = experts.moe_experts(x, topk_idx, topk_weight, params, activation=activation,
-                                  implementation=implementation)
+        out = experts.moe_experts(
+            x, topk_idx, topk_weight, params, activation=activation, implementation=implementation
+        )
         num_experts = params["w_gate_up"].shape[0]
         rows = jnp.sum((topk_idx >= 0) & (topk_idx < num_experts), dtype=jnp.int32)
-        return out, {"dropped_rows": jnp.zeros((), jnp.int32), "rows_per_shard": rows[None],
-                     "capacity_rows": topk_idx.size}
+        return out, {
+            "dropped_rows": jnp.zeros((), jnp.int32),
+            "rows_per_shard": rows[None],
+            "capacity_rows": topk_idx.size,
+        }
     if not isinstance(mesh, Mesh):
-        raise TypeError(f"mesh must be a jax.sharding.Mesh (see moe_pallas.expert_mesh), got {type(mesh)}.")
+        raise TypeError(
+            f"mesh must be a jax.sharding.Mesh (see moe_pallas.expert_mesh), got {type(mesh)}."
+        )
     if expert_axis not in mesh.axis_names:
-        raise ValueError(f"expert_axis={expert_axis!r} is not an axis of the mesh {mesh.axis_names}.")
+        raise ValueError(
+            f"expert_axis={expert_axis!r} is not an axis of the mesh {mesh.axis_names}."
+        )
     if capacity_factor is not None and not capacity_factor > 0:
-        raise ValueError(f"capacity_factor must be > 0 or None (never drop), got {capacity_factor}.")
+        raise ValueError(
+            f"capacity_factor must be > 0 or None (never drop), got {capacity_factor}."
+        )
     num_shards = mesh.shape[expert_axis]
     num_experts = params["w_gate_up"].shape[0]
     if num_experts % num_shards:
@@ -275,13 +296,21 @@ def moe_experts_parallel(
     def shard_body(x, topk_idx, topk_weight, params):
         def apply(x_rows, local_expert, weight):
             with debug.debug_checks(False):  # padding rows carry out-of-range ids on purpose
-                return experts.moe_experts(x_rows, local_expert[:, None], weight[:, None], params,
-                                           activation=activation, implementation=implementation)
+                return experts.moe_experts(
+                    x_rows,
+                    local_expert[:, None],
+                    weight[:, None],
+                    params,
+                    activation=activation,
+                    implementation=implementation,
+                )
 
         plan = _plan(topk_idx, experts_per_shard, num_shards)
         trip = round_trip(x, topk_weight, plan, apply, expert_axis, experts_per_shard, capacity)
         out = jnp.sum(trip.y_pair.astype(jnp.float32).reshape(*topk_idx.shape, -1), axis=1)
-        dropped = jnp.sum(plan.dest < num_shards, dtype=jnp.int32) - jnp.sum(trip.kept, dtype=jnp.int32)
+        dropped = jnp.sum(plan.dest < num_shards, dtype=jnp.int32) - jnp.sum(
+            trip.kept, dtype=jnp.int32
+        )
         received = trip.received[None]
         if other_axes:
             received = jax.lax.psum(received, other_axes)
@@ -289,8 +318,9 @@ def moe_experts_parallel(
             return out.astype(x.dtype), jax.lax.psum(dropped, axes), received
         # Checked on mesh-wide counts after the last exchange, so every device raises together: a
         # lone raise would strand its peers inside a collective until XLA aborts the process.
-        counts = jax.lax.psum(_debug_counts(x, topk_idx, topk_weight, dropped, num_tokens,
-                                            num_experts, axes), axes)
+        counts = jax.lax.psum(
+            _debug_counts(x, topk_idx, topk_weight, dropped, num_tokens, num_experts, axes), axes
+        )
         jax.debug.callback(_raise_on_counts, counts, num_experts, capacity, exchange, out[:1, :1])
         return out.astype(x.dtype), counts[0], received
 
@@ -299,7 +329,9 @@ def moe_experts_parallel(
     args = [_to_mesh(a, mesh, tokens) for a in (x, topk_idx, topk_weight)]
     params = {name: _to_mesh(p, mesh, P(expert_axis)) for name, p in params.items()}
     out, dropped, received = jax.shard_map(
-        shard_body, mesh=mesh, in_specs=(tokens, tokens, tokens, expert_slices),
+        shard_body,
+        mesh=mesh,
+        in_specs=(tokens, tokens, tokens, expert_slices),
         out_specs=(tokens, P(), P(expert_axis)),
         # Pallas kernels inside declare no varying-axes type for their outputs (a pallas_call
         # under check_vma=True needs one); the collectives here are written out explicitly.

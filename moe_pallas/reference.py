@@ -62,7 +62,14 @@ def _chunked_rows(fn, rows: int, chunk: int, *operands):
 
 
 def moe_experts_reference(
-    x, topk_idx, topk_weight, params, *, activation: Activation, dtype=jnp.float32, chunk=8,
+    x,
+    topk_idx,
+    topk_weight,
+    params,
+    *,
+    activation: Activation,
+    dtype=jnp.float32,
+    chunk=8,
     h_dtype=None,
 ) -> jax.Array:
     """The MoE-way oracle: sort by expert, apply each row's expert, un-sort, weighted sum.
@@ -79,7 +86,10 @@ def moe_experts_reference(
     row_token = order // top_k
     y_sorted = _chunked_rows(
         lambda e, rows: expert_apply(params, e, rows, activation, h_dtype),
-        order.shape[0], chunk, row_expert, x[row_token],
+        order.shape[0],
+        chunk,
+        row_expert,
+        x[row_token],
     )
     y_pairs = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
     w = topk_weight.astype(dtype).reshape(num_tokens, top_k, 1)
@@ -97,7 +107,9 @@ def moe_experts_loop(
     def token_rows(idx_rows, w_rows, x_rows):
         out = jnp.zeros(x_rows.shape, dtype)
         for j in range(top_k):
-            out = out + w_rows[:, j, None] * expert_apply(params, idx_rows[:, j], x_rows, activation)
+            out = out + w_rows[:, j, None] * expert_apply(
+                params, idx_rows[:, j], x_rows, activation
+            )
         return out
 
     return _chunked_rows(

@@ -37,7 +37,9 @@ def _check(logits, top_k, method, n_group, topk_group, correction_bias):
         if n_group is None or topk_group is None:
             raise ValueError("method='sigmoid_group_topk' needs n_group and topk_group (ints).")
         if n_group < 1 or num_experts % n_group:
-            raise ValueError(f"n_group={n_group} must divide the number of experts E={num_experts}.")
+            raise ValueError(
+                f"n_group={n_group} must divide the number of experts E={num_experts}."
+            )
         if not 1 <= topk_group <= n_group:
             raise ValueError(f"topk_group={topk_group} must be in [1, n_group={n_group}].")
         if top_k > topk_group * (num_experts // n_group):
@@ -61,9 +63,11 @@ def _group_limited_topk(choice, top_k, n_group, topk_group):
     grouped = choice.reshape(num_tokens, n_group, num_experts // n_group)
     group_score = jnp.sum(jax.lax.top_k(grouped, min(2, grouped.shape[-1]))[0], axis=-1)
     _, top_groups = jax.lax.top_k(group_score, topk_group)
-    group_mask = jnp.zeros((num_tokens, n_group), bool).at[
-        jnp.arange(num_tokens)[:, None], top_groups
-    ].set(True)
+    group_mask = (
+        jnp.zeros((num_tokens, n_group), bool)
+        .at[jnp.arange(num_tokens)[:, None], top_groups]
+        .set(True)
+    )
     masked = jnp.where(group_mask[:, :, None], grouped, -jnp.inf).reshape(num_tokens, num_experts)
     return jax.lax.top_k(masked, top_k)[1]
 

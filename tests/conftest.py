@@ -6,11 +6,14 @@ import pytest
 
 def pytest_addoption(parser):
     parser.addoption(
-        "--long", action="store_true",
+        "--long",
+        action="store_true",
         help="tests/test_fuzz.py: hypothesis profile 'long' (10,000 examples per test; for the GPU)",
     )
     parser.addoption(
-        "--fuzz-minutes", type=float, default=None,
+        "--fuzz-minutes",
+        type=float,
+        default=None,
         help="tests/test_fuzz.py: total time budget of the fuzz tests, shared evenly among them",
     )
 

@@ -27,14 +27,17 @@ from moe_pallas.reference import moe_experts_reference
 H, I = 16, 8
 
 
-def emulated_ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
-                               recv_sizes, *, axis_name):
+def emulated_ragged_all_to_all(
+    operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name
+):
     """`jax.lax.ragged_all_to_all` (one slice per peer) from all_to_all, gather and scatter."""
     num_peers, rows = jax.lax.axis_size(axis_name), operand.shape[0]
     r = jnp.arange(rows)
     tail = (1,) * (operand.ndim - 1)
     src = jnp.clip(input_offsets[:, None] + r[None], 0, rows - 1)
-    chunks = jnp.where((r[None] < send_sizes[:, None]).reshape(num_peers, rows, *tail), operand[src], 0)
+    chunks = jnp.where(
+        (r[None] < send_sizes[:, None]).reshape(num_peers, rows, *tail), operand[src], 0
+    )
     received = jax.lax.all_to_all(chunks, axis_name, 0, 0, tiled=True)
     offsets = jax.lax.all_to_all(output_offsets, axis_name, 0, 0, tiled=True)
     dst = jnp.where(r[None] < recv_sizes[:, None], offsets[:, None] + r[None], output.shape[0])
@@ -51,8 +54,10 @@ def make_inputs(seed, T, E, k, dtype=jnp.float32, bias=False, invalid=0, hot=Non
     if invalid:
         idx = idx.at[:invalid, -1].set(-1)
     w = jax.random.uniform(ks[2], (T, k), jnp.float32, 0.1, 1.0)
-    params = {"w_gate_up": jax.random.normal(ks[3], (E, H, 2 * I)) / H**0.5,
-              "w_down": jax.random.normal(ks[4], (E, I, H)) / I**0.5}
+    params = {
+        "w_gate_up": jax.random.normal(ks[3], (E, H, 2 * I)) / H**0.5,
+        "w_down": jax.random.normal(ks[4], (E, I, H)) / I**0.5,
+    }
     if bias:
         params["b_gate_up"] = 0.1 * jax.random.normal(ks[5], (E, 2 * I))
         params["b_down"] = 0.1 * jax.random.normal(ks[6], (E, H))
@@ -119,23 +124,41 @@ def drop_case(exchange, S, data, capacity_factor, seed):
     E, k, T = 16, 4, 64
     x, idx, w, params = make_inputs(seed, T, E, k, hot=48)
     mesh = moe_pallas.expert_mesh(S, data)
-    fn = jax.jit(partial(moe_pallas.moe_experts, activation="swiglu", implementation="xla", mesh=mesh,
-                         exchange=exchange, capacity_factor=capacity_factor, return_stats=True))
+    fn = jax.jit(
+        partial(
+            moe_pallas.moe_experts,
+            activation="swiglu",
+            implementation="xla",
+            mesh=mesh,
+            exchange=exchange,
+            capacity_factor=capacity_factor,
+            return_stats=True,
+        )
+    )
     out, stats = fn(x, idx, w, params)
     kept = expected_kept(idx, E, S, mesh.size, exchange, stats["capacity_rows"])
     valid = np.asarray((idx >= 0) & (idx < E))
     ref = moe_pallas.moe_experts(x, jnp.where(kept, idx, -1), w, params, activation="swiglu")
-    return {"fwd": rel(out, ref), "dropped": int(stats["dropped_rows"]),
-            "expected_dropped": int((valid & ~kept).sum()),
-            "rows_computed": int(stats["rows_per_shard"].sum()), "expected_rows": int(kept.sum())}
+    return {
+        "fwd": rel(out, ref),
+        "dropped": int(stats["dropped_rows"]),
+        "expected_dropped": int((valid & ~kept).sum()),
+        "rows_computed": int(stats["rows_per_shard"].sum()),
+        "expected_rows": int(kept.sum()),
+    }
 
 
 def ragged_lowers():
     """The real ragged_all_to_all path traces and lowers, forward and backward (no CPU run)."""
     x, idx, w, params = make_inputs(7, 32, 16, 2)
     mesh = moe_pallas.expert_mesh(4, 2)
-    fn = partial(moe_pallas.moe_experts, activation="swiglu", implementation="xla", mesh=mesh,
-                 exchange="ragged")
+    fn = partial(
+        moe_pallas.moe_experts,
+        activation="swiglu",
+        implementation="xla",
+        mesh=mesh,
+        exchange="ragged",
+    )
     loss = lambda x, w, p: jnp.sum(fn(x, idx, w, p) ** 2)
     text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, w, params).as_text()
     return {"ragged_ops": text.count("ragged_all_to_all")}
@@ -148,8 +171,16 @@ def debug_raises():
     raised = {}
     for name, ids, factor in [("drop", idx, 0.5), ("bad_id", idx.at[3, 1].set(99), None)]:
         with moe_pallas.debug_checks():
-            fn = jax.jit(partial(moe_pallas.moe_experts, activation="swiglu", implementation="xla",
-                                 mesh=mesh, exchange="all_to_all", capacity_factor=factor))
+            fn = jax.jit(
+                partial(
+                    moe_pallas.moe_experts,
+                    activation="swiglu",
+                    implementation="xla",
+                    mesh=mesh,
+                    exchange="all_to_all",
+                    capacity_factor=factor,
+                )
+            )
             try:
                 jax.block_until_ready(fn(x, ids, w, params))
                 raised[name] = ""
@@ -176,37 +207,81 @@ def errors():
 def main():
     results = {"ragged_lowers": ragged_lowers()}
     jax.lax.ragged_all_to_all = emulated_ragged_all_to_all
-    ep = lambda mesh, **kw: partial(
-        moe_pallas.moe_experts, implementation="xla", mesh=mesh, **kw)
+    ep = lambda mesh, **kw: partial(moe_pallas.moe_experts, implementation="xla", mesh=mesh, **kw)
 
     x, idx, w, params = make_inputs(1, 64, 16, 4)
-    results["a2a_ep8"] = compare(ep(moe_pallas.expert_mesh(8), activation="swiglu",
-                                    exchange="all_to_all"), x, idx, w, params, "swiglu")
+    results["a2a_ep8"] = compare(
+        ep(moe_pallas.expert_mesh(8), activation="swiglu", exchange="all_to_all"),
+        x,
+        idx,
+        w,
+        params,
+        "swiglu",
+    )
     x, idx, w, params = make_inputs(2, 37, 16, 4, bias=True, invalid=5)
     results["a2a_ep4_data2_gptoss_tail"] = compare(
         ep(moe_pallas.expert_mesh(4, 2), activation="gptoss", exchange="all_to_all"),
-        x, idx, w, params, "gptoss")
+        x,
+        idx,
+        w,
+        params,
+        "gptoss",
+    )
     x, idx, w, params = make_inputs(3, 64, 16, 4, dtype=jnp.bfloat16)
     results["a2a_ep2_data4_bf16"] = compare(
         ep(moe_pallas.expert_mesh(2, 4), activation="swiglu", exchange="all_to_all"),
-        x, idx, w, params, "swiglu", grads=False)
+        x,
+        idx,
+        w,
+        params,
+        "swiglu",
+        grads=False,
+    )
     x, idx, w, params = make_inputs(4, 16, 16, 1)
     idx = jnp.full_like(idx, 3)  # one hot expert: shard 1 gets every row, the others none
     results["a2a_one_hot_expert"] = compare(
         ep(moe_pallas.expert_mesh(8), activation="swiglu", exchange="all_to_all"),
-        x, idx, w, params, "swiglu")
+        x,
+        idx,
+        w,
+        params,
+        "swiglu",
+    )
     x, idx, w, params = make_inputs(5, 40, 16, 2)
     results["ragged_ep8_emulated"] = compare(
-        ep(moe_pallas.expert_mesh(8), activation="swiglu", exchange="ragged"), x, idx, w, params, "swiglu")
+        ep(moe_pallas.expert_mesh(8), activation="swiglu", exchange="ragged"),
+        x,
+        idx,
+        w,
+        params,
+        "swiglu",
+    )
     x, idx, w, params = make_inputs(6, 1, 8, 2)
     results["explicit_mesh_T1"] = compare(
         ep(jax.make_mesh((2, 4), ("data", "expert")), activation="swiglu", exchange="all_to_all"),
-        x, idx, w, params, "swiglu", grads=False)
+        x,
+        idx,
+        w,
+        params,
+        "swiglu",
+        grads=False,
+    )
     # The Pallas kernels (interpret mode here) inside shard_map: the GPU's default path.
     x, idx, w, params = make_inputs(10, 12, 8, 2, bias=True)
     results["a2a_ep2_pallas_gptoss"] = compare(
-        partial(moe_pallas.moe_experts, implementation="pallas_triton", mesh=moe_pallas.expert_mesh(2, 4),
-                activation="gptoss", exchange="all_to_all"), x, idx, w, params, "gptoss")
+        partial(
+            moe_pallas.moe_experts,
+            implementation="pallas_triton",
+            mesh=moe_pallas.expert_mesh(2, 4),
+            activation="gptoss",
+            exchange="all_to_all",
+        ),
+        x,
+        idx,
+        w,
+        params,
+        "gptoss",
+    )
     results["a2a_drop"] = drop_case("all_to_all", 8, 1, 1.0, 8)
     results["ragged_drop_emulated"] = drop_case("ragged", 4, 2, 1.0, 9)
     results["debug_raises"] = debug_raises()

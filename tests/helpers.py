@@ -6,7 +6,9 @@ import numpy as np
 def make_params(rng, num_experts, hidden, inter, *, biases, scale=1.0, dtype=np.float32):
     """Expert params with O(1) activations (weights ~ N(0, scale^2 / fan_in))."""
     params = {
-        "w_gate_up": scale * rng.standard_normal((num_experts, hidden, 2 * inter)) / np.sqrt(hidden),
+        "w_gate_up": scale
+        * rng.standard_normal((num_experts, hidden, 2 * inter))
+        / np.sqrt(hidden),
         "w_down": scale * rng.standard_normal((num_experts, inter, hidden)) / np.sqrt(inter),
     }
     if biases:

@@ -20,5 +20,7 @@ def test_demo_exits_nonzero_on_mismatch(monkeypatch, capsys):
 
 
 def test_cli_usage():
-    result = subprocess.run([sys.executable, "-m", "moe_pallas"], capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "moe_pallas"], capture_output=True, text=True, check=False
+    )
     assert result.returncode == 2 and "demo" in result.stdout

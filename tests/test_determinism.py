@@ -22,12 +22,15 @@ def _inputs(seed, tokens, hidden, inter, experts, top_k, dtype, biases):
         "w_down": device_normal(rng, (experts, inter, hidden), dtype, inter**-0.5),
     }
     if biases:
-        p |= {"b_gate_up": device_normal(rng, (experts, 2 * inter), dtype),
-              "b_down": device_normal(rng, (experts, hidden), dtype)}
+        p |= {
+            "b_gate_up": device_normal(rng, (experts, 2 * inter), dtype),
+            "b_down": device_normal(rng, (experts, hidden), dtype),
+        }
     # Zipf-skewed routing: a few hot experts with long groups, many empty ones.
     prob = 1.0 / np.arange(1, experts + 1) ** 1.2
-    idx = np.stack([rng.choice(experts, top_k, replace=False, p=prob / prob.sum())
-                    for _ in range(tokens)])
+    idx = np.stack(
+        [rng.choice(experts, top_k, replace=False, p=prob / prob.sum()) for _ in range(tokens)]
+    )
     return (
         device_normal(rng, (tokens, hidden), dtype),
         jnp.asarray(idx, jnp.int32),
@@ -41,8 +44,9 @@ def _step(activation):
     """A fresh jitted fwd+bwd (a new function object: its own trace and compilation)."""
 
     def f(x, idx, w, p, d_out):
-        fn = lambda x, w, p: moe_experts(x, idx, w, p, activation=activation,
-                                         implementation="pallas_triton")
+        fn = lambda x, w, p: moe_experts(
+            x, idx, w, p, activation=activation, implementation="pallas_triton"
+        )
         out, vjp = jax.vjp(fn, x, w, p)
         return out, vjp(d_out)
 
@@ -73,8 +77,9 @@ def test_ragged_dot_and_tgmm_bitwise_reproducible_cpu():
     sizes = jnp.asarray([20, 0, 17, 1, 4], jnp.int32)
 
     def step(lhs, rhs):
-        out, vjp = jax.vjp(lambda a, b: ragged_dot(a, b, sizes, implementation="pallas_triton"),
-                           lhs, rhs)
+        out, vjp = jax.vjp(
+            lambda a, b: ragged_dot(a, b, sizes, implementation="pallas_triton"), lhs, rhs
+        )
         return out, vjp(out), tgmm(lhs, out, sizes, implementation="pallas_triton")
 
     _assert_same_bits([jax.jit(step)(lhs, rhs) for _ in range(2)])

@@ -80,4 +80,6 @@ def test_tile_schedule_covers_each_row_once(sizes, num_rows, block_m):
     assert (owner >= 0).all()
     used = np.asarray(sched.row_start) < np.asarray(sched.row_end)
     groups = np.append(ends - starts, num_rows - ends[-1])
-    assert used.sum() == sum(-(-int(n) // block_m) for n in groups)  # one visit per block_m rows of a group
+    assert used.sum() == sum(
+        -(-int(n) // block_m) for n in groups
+    )  # one visit per block_m rows of a group

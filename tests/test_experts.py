@@ -86,7 +86,9 @@ def test_gradients_match_reference():
         return jnp.sum(fn(x, idx, w, params) * cot)
 
     ours = lambda x, i, w, p: moe_experts(x, i, w, p, activation="gptoss", implementation="xla")
-    ref = lambda x, i, w, p: moe_experts_reference(x, i, w, p, activation="gptoss", dtype=jnp.float64)
+    ref = lambda x, i, w, p: moe_experts_reference(
+        x, i, w, p, activation="gptoss", dtype=jnp.float64
+    )
     got = jax.grad(lambda *a: loss(ours, *a), argnums=(0, 1, 2))(x, w, params)
     with jax.enable_x64(True):
         want = jax.grad(lambda *a: loss(ref, *a), argnums=(0, 1, 2))(x, w, params)
@@ -106,8 +108,13 @@ def test_check_grads_small():
 def test_zero_tokens():
     rng = np.random.default_rng()
     _, _, _, params = case(rng)
-    out = moe_experts(np.zeros((0, 16), np.float32), np.zeros((0, 2), np.int32),
-                      np.zeros((0, 2), np.float32), params, activation="swiglu")
+    out = moe_experts(
+        np.zeros((0, 16), np.float32),
+        np.zeros((0, 2), np.int32),
+        np.zeros((0, 2), np.float32),
+        params,
+        activation="swiglu",
+    )
     assert out.shape == (0, 16)
 
 
@@ -136,10 +143,18 @@ def bad_inputs():
 def test_bad_input_is_named(change, error, match):
     rng = np.random.default_rng(0)
     x, idx, w, params = case(rng)
-    args = dict(x=x, idx=idx, w=w, params=params, activation="swiglu", implementation="xla") | change
+    args = (
+        dict(x=x, idx=idx, w=w, params=params, activation="swiglu", implementation="xla") | change
+    )
     with pytest.raises(error, match=match):
-        moe_experts(args["x"], args["idx"], args["w"], args["params"],
-                    activation=args["activation"], implementation=args["implementation"])
+        moe_experts(
+            args["x"],
+            args["idx"],
+            args["w"],
+            args["params"],
+            activation=args["activation"],
+            implementation=args["implementation"],
+        )
 
 
 def test_params_as_dataclass():

@@ -40,13 +40,20 @@ settings.load_profile(PROFILE)
 
 # Shape pools. CPU: tiny, not multiples of the 16-wide tiles. GPU: the table's real tiles.
 RAGGED_SHAPES = (  # (M, K, N, G)
-    [(1, 64, 128, 8), (200, 72, 136, 16), (1000, 256, 384, 64), (4099, 128, 256, 128),
-     (2048, 2880, 160, 4)]
-    if ON_GPU else [(7, 24, 40, 3), (48, 40, 24, 6), (33, 16, 48, 5)]
+    [
+        (1, 64, 128, 8),
+        (200, 72, 136, 16),
+        (1000, 256, 384, 64),
+        (4099, 128, 256, 128),
+        (2048, 2880, 160, 4),
+    ]
+    if ON_GPU
+    else [(7, 24, 40, 3), (48, 40, 24, 6), (33, 16, 48, 5)]
 )
 EXPERT_SHAPES = (  # (T, H, I, E, k)
     [(1, 128, 64, 8, 2), (77, 256, 192, 16, 4), (300, 384, 320, 32, 8), (40, 576, 320, 64, 4)]
-    if ON_GPU else [(1, 24, 16, 4, 2), (13, 40, 24, 6, 3)]
+    if ON_GPU
+    else [(1, 24, 16, 4, 2), (13, 40, 24, 6, 3)]
 )
 DTYPES = [jnp.float32, jnp.bfloat16]
 # float32 runs the GPU dots in TF32; bf16 rounds outputs (and the activation, h) to 8 bits.
@@ -101,7 +108,10 @@ class _Example:
         entry = _report[self.name]
         entry["examples"] += 1
         if error is not None and entry["failure"] is None:
-            entry["failure"] = {"drawn": repr(self.drawn), "error": f"{kind.__name__}: {error}"[:2000]}
+            entry["failure"] = {
+                "drawn": repr(self.drawn),
+                "error": f"{kind.__name__}: {error}"[:2000],
+            }
         return False
 
 
@@ -145,7 +155,11 @@ def _segments(sizes):
 
 def _ragged64(lhs, rhs, sizes, d_out):
     """float64 ragged_dot, its lhs and rhs gradients for cotangent d_out."""
-    out, d_lhs, d_rhs = np.zeros((lhs.shape[0], rhs.shape[2])), np.zeros_like(lhs), np.zeros_like(rhs)
+    out, d_lhs, d_rhs = (
+        np.zeros((lhs.shape[0], rhs.shape[2])),
+        np.zeros_like(lhs),
+        np.zeros_like(rhs),
+    )
     for g, a, b in _segments(sizes):
         out[a:b] = lhs[a:b] @ rhs[g]
         d_lhs[a:b] = d_out[a:b] @ rhs[g].T
@@ -177,19 +191,29 @@ def test_ragged_dot_matches_float64(seed, shape, dtype, kind, tail, impl):
     """ragged_dot forward, d lhs and d rhs against float64, with rows past the groups (tail)."""
     if _out_of_time():
         return
-    with _Example("test_ragged_dot_matches_float64", seed=seed, shape=shape, dtype=dtype,
-                  kind=kind, tail=tail, impl=impl):
+    with _Example(
+        "test_ragged_dot_matches_float64",
+        seed=seed,
+        shape=shape,
+        dtype=dtype,
+        kind=kind,
+        tail=tail,
+        impl=impl,
+    ):
         m, k, n, g = shape
         rng = np.random.default_rng(seed)
         sizes = _group_sizes(rng, kind, g, max(m - tail, 0))
-        (lhs, lhs64), (rhs, rhs64) = _values(rng, (m, k), dtype), _values(rng, (g, k, n), dtype, k**-0.5)
+        (lhs, lhs64), (rhs, rhs64) = (
+            _values(rng, (m, k), dtype),
+            _values(rng, (g, k, n), dtype, k**-0.5),
+        )
         d_out, d_out64 = _values(rng, (m, n), dtype)
         got = _ragged_vjp(lhs, rhs, jnp.asarray(sizes), d_out, impl)
         want = _ragged64(lhs64, rhs64, sizes, d_out64)
         for name, a, b, tol in zip(("out", "d_lhs", "d_rhs"), got, want, (TOL, GRAD_TOL, GRAD_TOL)):
             assert a.shape == b.shape and a.dtype == dtype, name
             assert _rel_err(a, b) < tol[dtype], (name, _rel_err(a, b))
-        assert not np.asarray(got[0][sizes.sum():], np.float32).any(), "rows past the groups"
+        assert not np.asarray(got[0][sizes.sum() :], np.float32).any(), "rows past the groups"
         assert not np.asarray(got[2][sizes == 0], np.float32).any(), "empty groups' d_rhs"
 
 
@@ -204,8 +228,9 @@ def test_tgmm_matches_float64(seed, shape, dtype, kind, tail):
     """tgmm (= ragged_dot's d rhs) forward and its gradients against float64."""
     if _out_of_time():
         return
-    with _Example("test_tgmm_matches_float64", seed=seed, shape=shape, dtype=dtype, kind=kind,
-                  tail=tail):
+    with _Example(
+        "test_tgmm_matches_float64", seed=seed, shape=shape, dtype=dtype, kind=kind, tail=tail
+    ):
         m, k, n, g = shape
         rng = np.random.default_rng(seed)
         sizes = _group_sizes(rng, kind, g, max(m - tail, 0))
@@ -240,12 +265,22 @@ def _epilogue64(lhs, rhs, sizes, row_index, bias, activation, row_scale):
 
 @functools.partial(jax.jit, static_argnames=("activation", "config"))
 def _gmm_jit(lhs, rhs, sizes, row_index, bias, row_scale, activation, config):
-    return gmm(lhs, rhs, sizes, lhs_row_index=row_index, bias=bias, activation=activation,
-               row_scale=row_scale, config=config)
+    return gmm(
+        lhs,
+        rhs,
+        sizes,
+        lhs_row_index=row_index,
+        bias=bias,
+        activation=activation,
+        row_scale=row_scale,
+        config=config,
+    )
 
 
 EPILOGUES = [  # (gather, bias, row_scale, activation)
-    (False, False, False, None), (True, True, False, "gptoss"), (False, True, True, None),
+    (False, False, False, None),
+    (True, True, False, "gptoss"),
+    (False, True, True, None),
     (True, False, True, "swiglu"),
 ]
 
@@ -261,8 +296,14 @@ def test_gmm_epilogues_match_float64(seed, shape, kind, epilogue, block):
     """The fused path's gmm: in-kernel row gather, bias, GLU and row scale, small block configs."""
     if _out_of_time():
         return
-    with _Example("test_gmm_epilogues_match_float64", seed=seed, shape=shape, kind=kind,
-                  epilogue=epilogue, block=block):
+    with _Example(
+        "test_gmm_epilogues_match_float64",
+        seed=seed,
+        shape=shape,
+        kind=kind,
+        epilogue=epilogue,
+        block=block,
+    ):
         m, k, n, g = shape
         gather, has_bias, has_scale, activation = epilogue
         rng = np.random.default_rng(seed)
@@ -307,8 +348,9 @@ def _experts_grads(x, idx, w, params, d_out, activation, impl):
 
 @functools.partial(jax.jit, static_argnames=("activation", "h_dtype"))
 def _reference_grads(x, idx, w, params, d_out, activation, h_dtype=None):
-    f = lambda x, w, p: moe_experts_reference(x, idx, w, p, activation=activation,
-                                              dtype=jnp.float64, h_dtype=h_dtype)
+    f = lambda x, w, p: moe_experts_reference(
+        x, idx, w, p, activation=activation, dtype=jnp.float64, h_dtype=h_dtype
+    )
     out, vjp = jax.vjp(f, x, w, params)
     return out, vjp(d_out)
 
@@ -324,22 +366,31 @@ def test_moe_experts_matches_float64(seed, shape, dtype, activation, kind):
     """The fused block (pallas_triton): out and the gradients of x, topk_weight and every param."""
     if _out_of_time():
         return
-    with _Example("test_moe_experts_matches_float64", seed=seed, shape=shape, dtype=dtype,
-                  activation=activation, kind=kind):
+    with _Example(
+        "test_moe_experts_matches_float64",
+        seed=seed,
+        shape=shape,
+        dtype=dtype,
+        activation=activation,
+        kind=kind,
+    ):
         tokens, hidden, inter, experts, top_k = shape
         rng = np.random.default_rng(seed)
         idx, w = _routing(rng, kind, tokens, experts, top_k)
         x, x64 = _values(rng, (tokens, hidden), dtype)
         params, params64 = {}, {}
-        specs = {"w_gate_up": ((experts, hidden, 2 * inter), hidden**-0.5),
-                 "w_down": ((experts, inter, hidden), inter**-0.5)}
+        specs = {
+            "w_gate_up": ((experts, hidden, 2 * inter), hidden**-0.5),
+            "w_down": ((experts, inter, hidden), inter**-0.5),
+        }
         if activation == "gptoss":  # biases big enough that the clamps at ±7 bite at times
             specs |= {"b_gate_up": ((experts, 2 * inter), 2.0), "b_down": ((experts, hidden), 1.0)}
         for name, (s, scale) in specs.items():
             params[name], params64[name] = _values(rng, s, dtype, scale)
         d_out, d_out64 = _values(rng, (tokens, hidden), dtype)
-        out, (dx, dw, dp) = _experts_grads(x, idx, jnp.asarray(w), params, d_out, activation,
-                                           "pallas_triton")
+        out, (dx, dw, dp) = _experts_grads(
+            x, idx, jnp.asarray(w), params, d_out, activation, "pallas_triton"
+        )
         with jax.enable_x64(True):
             # The fused path stores h in the input dtype, and its gpt-oss clamp derivatives step
             # at ±7: a bf16 h on the other side of 7 than the exact h flips an O(1) derivative.
@@ -355,12 +406,27 @@ def test_moe_experts_matches_float64(seed, shape, dtype, activation, kind):
         # d topk_weight[t, j] = <d_out[t], y[t, j]> can cancel to far below its operands: bound
         # each element's error by the operands' norms (the conditioning of that dot product).
         with jax.enable_x64(True):
-            y = np.stack([np.asarray(moe_experts_reference(
-                x64, idx, np.eye(top_k)[j][None].repeat(tokens, 0), params64,
-                activation=activation, dtype=jnp.float64)) for j in range(top_k)], axis=1)
+            y = np.stack(
+                [
+                    np.asarray(
+                        moe_experts_reference(
+                            x64,
+                            idx,
+                            np.eye(top_k)[j][None].repeat(tokens, 0),
+                            params64,
+                            activation=activation,
+                            dtype=jnp.float64,
+                        )
+                    )
+                    for j in range(top_k)
+                ],
+                axis=1,
+            )
         cond = np.linalg.norm(d_out64, axis=-1)[:, None] * np.linalg.norm(y, axis=-1)
         dw_err = np.abs(np.asarray(dw, np.float64) - rdw) / np.maximum(cond, 1e-30)
-        assert np.isfinite(np.asarray(dw, np.float32)).all() and dw_err.max() < GRAD_TOL[dtype], dw_err.max()
+        assert np.isfinite(np.asarray(dw, np.float32)).all() and dw_err.max() < GRAD_TOL[dtype], (
+            dw_err.max()
+        )
 
 
 @given(
@@ -375,19 +441,31 @@ def test_tile_schedule_covers_each_row_once(seed, num_groups, rows, block_m, kin
     """Every row lies in exactly one used visit, inside one m-tile that starts in its own group."""
     if _out_of_time():
         return
-    with _Example("test_tile_schedule_covers_each_row_once", seed=seed, num_groups=num_groups,
-                  rows=rows, block_m=block_m, kind=kind, tail=tail):
+    with _Example(
+        "test_tile_schedule_covers_each_row_once",
+        seed=seed,
+        num_groups=num_groups,
+        rows=rows,
+        block_m=block_m,
+        kind=kind,
+        tail=tail,
+    ):
         rng = np.random.default_rng(seed)
         sizes = _group_sizes(rng, kind, num_groups, max(rows - tail, 0))
         s = jax.tree.map(np.asarray, dispatch.tile_schedule(jnp.asarray(sizes), rows, block_m))
-        row_group = np.append(np.repeat(np.arange(num_groups), sizes), [num_groups] * (rows - sizes.sum()))
+        row_group = np.append(
+            np.repeat(np.arange(num_groups), sizes), [num_groups] * (rows - sizes.sum())
+        )
         covered = np.zeros(rows, np.int64)
         for grp, m0, a, b in zip(s.group, s.m_start, s.row_start, s.row_end):
             if a == b:
                 continue
             assert m0 == a < b <= min(m0 + block_m, rows)
             assert (row_group[a:b] == grp).all()
-            assert a == 0 or row_group[a - 1] != grp or (a - np.argmax(row_group == grp)) % block_m == 0
+            assert (
+                a == 0
+                or row_group[a - 1] != grp
+                or (a - np.argmax(row_group == grp)) % block_m == 0
+            )
             covered[a:b] += 1
         assert (covered == 1).all()
-

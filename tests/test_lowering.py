@@ -39,15 +39,31 @@ def triton_calls(text: str) -> int:
 def test_fused_layer_lowers_to_triton(activation, tokens, grad):
     hidden, inter, experts, top_k, biases = WORKLOADS[activation]
     bf16 = jnp.bfloat16
-    params = {"w_gate_up": SDS((experts, hidden, 2 * inter), bf16), "w_down": SDS((experts, inter, hidden), bf16)}
+    params = {
+        "w_gate_up": SDS((experts, hidden, 2 * inter), bf16),
+        "w_down": SDS((experts, inter, hidden), bf16),
+    }
     if biases:
-        params |= {"b_gate_up": SDS((experts, 2 * inter), bf16), "b_down": SDS((experts, hidden), bf16)}
-    args = (SDS((tokens, hidden), bf16), SDS((tokens, top_k), jnp.int32), SDS((tokens, top_k), jnp.float32), params)
+        params |= {
+            "b_gate_up": SDS((experts, 2 * inter), bf16),
+            "b_down": SDS((experts, hidden), bf16),
+        }
+    args = (
+        SDS((tokens, hidden), bf16),
+        SDS((tokens, top_k), jnp.int32),
+        SDS((tokens, top_k), jnp.float32),
+        params,
+    )
     layer = functools.partial(moe_experts, activation=activation, implementation="pallas_triton")
     if grad:
-        layer = jax.grad(lambda x, i, w, p: jnp.sum(moe_experts(
-            x, i, w, p, activation=activation, implementation="pallas_triton").astype(jnp.float32)),
-            argnums=(0, 2, 3))
+        layer = jax.grad(
+            lambda x, i, w, p: jnp.sum(
+                moe_experts(
+                    x, i, w, p, activation=activation, implementation="pallas_triton"
+                ).astype(jnp.float32)
+            ),
+            argnums=(0, 2, 3),
+        )
     text = lower_for_h200(layer, *args)
     # forward: gate_up gmm, down gmm, combine; backward adds dlhs_glu, tgmm x2 (+ bias sums), gmm_t, combine
     assert triton_calls(text) >= (7 if grad else 3)
@@ -82,8 +98,14 @@ def test_gmm_glu_epilogue_lowers_to_triton(activation):
 
     hidden, inter, experts, top_k, _ = WORKLOADS[activation]
     rows = 2048 * top_k
-    args = (SDS((2048, hidden), jnp.bfloat16), SDS((experts, hidden, 2 * inter), jnp.bfloat16),
-            SDS((experts,), jnp.int32), SDS((rows,), jnp.int32), SDS((experts, 2 * inter), jnp.bfloat16))
+    args = (
+        SDS((2048, hidden), jnp.bfloat16),
+        SDS((experts, hidden, 2 * inter), jnp.bfloat16),
+        SDS((experts,), jnp.int32),
+        SDS((rows,), jnp.int32),
+        SDS((experts, 2 * inter), jnp.bfloat16),
+    )
     glu_gmm = lambda x, w, sizes, row_token, bias: gmm(
-        x, w, sizes, lhs_row_index=row_token, bias=bias, activation=activation)
+        x, w, sizes, lhs_row_index=row_token, bias=bias, activation=activation
+    )
     assert triton_calls(lower_for_h200(glu_gmm, *args)) == 1

@@ -36,17 +36,32 @@ def cases(tmp_path_factory):
     with open(root / "ep_cases.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not path.exists():
-            run = subprocess.run([sys.executable, os.path.join(HERE, "ep_cases.py")],
-                                 capture_output=True, text=True, timeout=600, check=False,
-                                 env={**os.environ, "JAX_PLATFORMS": "cpu"})
+            run = subprocess.run(
+                [sys.executable, os.path.join(HERE, "ep_cases.py")],
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+                env={**os.environ, "JAX_PLATFORMS": "cpu"},
+            )
             lines = [line for line in run.stdout.splitlines() if line.startswith("{")]
-            assert lines, f"ep_cases.py printed no results:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+            assert lines, (
+                f"ep_cases.py printed no results:\n{run.stdout[-2000:]}\n{run.stderr[-4000:]}"
+            )
             path.write_text(lines[-1])
     return json.loads(path.read_text())
 
 
-@pytest.mark.parametrize("case", ["a2a_ep8", "a2a_ep4_data2_gptoss_tail", "a2a_one_hot_expert",
-                                  "ragged_ep8_emulated", "a2a_ep2_pallas_gptoss"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "a2a_ep8",
+        "a2a_ep4_data2_gptoss_tail",
+        "a2a_one_hot_expert",
+        "ragged_ep8_emulated",
+        "a2a_ep2_pallas_gptoss",
+    ],
+)
 def test_forward_and_grads_match_one_device(cases, case):
     assert cases[case]["fwd"] < F32 and cases[case]["grad"] < F32, cases[case]
 
@@ -84,8 +99,10 @@ def _inputs(T=24, E=8, k=2, H=16, I=8, dtype=jnp.float32, seed=0):
     x = jax.random.normal(ks[0], (T, H)).astype(dtype)
     idx = jax.lax.top_k(jax.random.normal(ks[1], (T, E)), k)[1]
     w = jax.random.uniform(ks[2], (T, k))
-    params = {"w_gate_up": (jax.random.normal(ks[3], (E, H, 2 * I)) / 4).astype(dtype),
-              "w_down": (jax.random.normal(ks[4], (E, I, H)) / 3).astype(dtype)}
+    params = {
+        "w_gate_up": (jax.random.normal(ks[3], (E, H, 2 * I)) / 4).astype(dtype),
+        "w_down": (jax.random.normal(ks[4], (E, I, H)) / 3).astype(dtype),
+    }
     return x, idx, w, params
 
 
@@ -99,8 +116,15 @@ def test_one_device_mesh_equals_no_mesh_with_stats():
     idx = idx.at[0, 0].set(-1)  # out of range: contributes zero, not counted as computed
     single = moe_pallas.moe_experts(x, idx, w, params, activation="swiglu")
     mesh = moe_pallas.expert_mesh(devices=jax.devices()[:1])
-    out, stats = jax.jit(partial(moe_pallas.moe_experts, activation="swiglu", mesh=mesh,
-                                 exchange="all_to_all", return_stats=True))(x, idx, w, params)
+    out, stats = jax.jit(
+        partial(
+            moe_pallas.moe_experts,
+            activation="swiglu",
+            mesh=mesh,
+            exchange="all_to_all",
+            return_stats=True,
+        )
+    )(x, idx, w, params)
     assert _rel(out, single) < F32
     assert int(stats["dropped_rows"]) == 0 and stats["rows_per_shard"].tolist() == [idx.size - 1]
     out, stats = moe_pallas.moe_experts(x, idx, w, params, activation="swiglu", return_stats=True)
@@ -157,11 +181,31 @@ def test_two_processes_run_the_multihost_example():
         port = s.getsockname()[1]
     script = os.path.join(HERE, "..", "examples", "multihost_ep.py")
     env = {**os.environ, "PYTHONPATH": os.path.join(HERE, "..")}
-    procs = [subprocess.Popen([sys.executable, script, "--cpu-devices", "2", "--coordinator",
-                               f"localhost:{port}", "--num-processes", "2", "--process-id", str(i),
-                               "--tokens", "64", "--exchange", "all_to_all"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                script,
+                "--cpu-devices",
+                "2",
+                "--coordinator",
+                f"localhost:{port}",
+                "--num-processes",
+                "2",
+                "--process-id",
+                str(i),
+                "--tokens",
+                "64",
+                "--exchange",
+                "all_to_all",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(2)
+    ]
     outputs = [p.communicate(timeout=300) for p in procs]
     for p, (out, err) in zip(procs, outputs):
         assert p.returncode == 0, err[-3000:]

@@ -31,11 +31,15 @@ def numpy_moe(x, idx, w, params, activation):
     return out
 
 
-@pytest.mark.parametrize("activation,biases", [("gptoss", True), ("swiglu", False), ("swiglu", True)])
+@pytest.mark.parametrize(
+    "activation,biases", [("gptoss", True), ("swiglu", False), ("swiglu", True)]
+)
 def test_oracles_agree_with_numpy(activation, biases):
     rng = np.random.default_rng()
     T, H, I, E, k = 11, 24, 10, 6, 3
-    params = make_params(rng, E, H, I, biases=biases, scale=3.0)  # large: exercises the gpt-oss clamps
+    params = make_params(
+        rng, E, H, I, biases=biases, scale=3.0
+    )  # large: exercises the gpt-oss clamps
     x = rng.standard_normal((T, H))
     idx, w = random_routing(rng, T, E, k)
     idx[0, 1] = E  # out of range: contributes zero
@@ -43,8 +47,15 @@ def test_oracles_agree_with_numpy(activation, biases):
     want = numpy_moe(x, idx, w, params, activation)
     with jax.enable_x64(True):
         for oracle in (moe_experts_reference, moe_experts_loop):
-            got = oracle(x, jnp.asarray(idx), jnp.asarray(w), params, activation=activation,
-                         dtype=jnp.float64, chunk=4)
+            got = oracle(
+                x,
+                jnp.asarray(idx),
+                jnp.asarray(w),
+                params,
+                activation=activation,
+                dtype=jnp.float64,
+                chunk=4,
+            )
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-10)
 
 

@@ -6,7 +6,6 @@ sizes, NaN/Inf propagation, T = 0, run-time checks under `debug_checks()`, and t
 `moe_experts` holding no O(T·k·E) intermediate or per-row copy of expert weights.
 """
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,8 +25,10 @@ def _params(rng, experts, hidden, inter, *, biases, dtype=np.float32):
         "w_down": rng.standard_normal((experts, inter, hidden)) / np.sqrt(inter),
     }
     if biases:
-        p |= {"b_gate_up": rng.standard_normal((experts, 2 * inter)),
-              "b_down": rng.standard_normal((experts, hidden))}
+        p |= {
+            "b_gate_up": rng.standard_normal((experts, 2 * inter)),
+            "b_down": rng.standard_normal((experts, hidden)),
+        }
     return {k: jnp.asarray(v, dtype) for k, v in p.items()}
 
 
@@ -46,10 +47,25 @@ def _experts(impl, activation="gptoss"):
 
 F32, BF16, I32 = jnp.float32, jnp.bfloat16, jnp.int32
 BAD_CALLS = [  # (op, args, error type, message fragment naming the argument)
-    (ragged_dot, (SDS((8, 4), F32), SDS((2, 5, 3), F32), SDS((2,), I32)), ValueError, "disagree on K"),
-    (ragged_dot, (SDS((8, 4, 1), F32), SDS((2, 4, 3), F32), SDS((2,), I32)), ValueError, "lhs must"),
+    (
+        ragged_dot,
+        (SDS((8, 4), F32), SDS((2, 5, 3), F32), SDS((2,), I32)),
+        ValueError,
+        "disagree on K",
+    ),
+    (
+        ragged_dot,
+        (SDS((8, 4, 1), F32), SDS((2, 4, 3), F32), SDS((2,), I32)),
+        ValueError,
+        "lhs must",
+    ),
     (ragged_dot, (SDS((8, 4), F32), SDS((4, 3), F32), SDS((2,), I32)), ValueError, "rhs must"),
-    (ragged_dot, (SDS((8, 4), F32), SDS((2, 4, 3), F32), SDS((3,), I32)), ValueError, "group_sizes"),
+    (
+        ragged_dot,
+        (SDS((8, 4), F32), SDS((2, 4, 3), F32), SDS((3,), I32)),
+        ValueError,
+        "group_sizes",
+    ),
     (ragged_dot, (SDS((8, 4), F32), SDS((2, 4, 3), F32), SDS((2,), F32)), TypeError, "group_sizes"),
     (ragged_dot, (SDS((8, 4), I32), SDS((2, 4, 3), F32), SDS((2,), I32)), TypeError, "lhs"),
     (tgmm, (SDS((8, 4), F32), SDS((7, 3), F32), SDS((2,), I32)), ValueError, "same rows"),
@@ -67,9 +83,13 @@ def test_bad_op_arguments_raise_naming_the_argument(op, args, error, match, impl
 
 def _experts_args(**override):
     args = {
-        "x": SDS((6, 16), F32), "topk_idx": SDS((6, 2), I32), "topk_weight": SDS((6, 2), F32),
-        "w_gate_up": SDS((4, 16, 32), F32), "w_down": SDS((4, 16, 16), F32),
-        "b_gate_up": SDS((4, 32), F32), "b_down": SDS((4, 16), F32),
+        "x": SDS((6, 16), F32),
+        "topk_idx": SDS((6, 2), I32),
+        "topk_weight": SDS((6, 2), F32),
+        "w_gate_up": SDS((4, 16, 32), F32),
+        "w_down": SDS((4, 16, 16), F32),
+        "b_gate_up": SDS((4, 32), F32),
+        "b_down": SDS((4, 16), F32),
     }
     return args | override
 
@@ -110,13 +130,18 @@ def test_ragged_dot_allows_2_pow_31_elements_and_refuses_2_pow_31_rows():
     ok = jax.eval_shape(pallas_dot, SDS((rows, 64), BF16), SDS((8, 64, 4097), BF16), group_sizes)
     assert ok.shape == (rows, 4097)
     swiglu_w = SDS((256, 4096, 4096), BF16)
-    assert jax.eval_shape(pallas_dot, SDS((64, 4096), BF16), swiglu_w, SDS((256,), I32)).shape == (64, 4096)
+    assert jax.eval_shape(pallas_dot, SDS((64, 4096), BF16), swiglu_w, SDS((256,), I32)).shape == (
+        64,
+        4096,
+    )
     with pytest.raises(ValueError, match="2\\^31"):
         jax.eval_shape(pallas_dot, SDS((2**31, 16), BF16), SDS((8, 16, 16), BF16), group_sizes)
     with pytest.raises(ValueError, match="2\\^31"):
         jax.eval_shape(
             lambda a, b, g: tgmm(a, b, g, implementation="pallas_triton"),
-            SDS((2**31, 16), BF16), SDS((2**31, 16), BF16), group_sizes,
+            SDS((2**31, 16), BF16),
+            SDS((2**31, 16), BF16),
+            group_sizes,
         )
 
 
@@ -186,7 +211,11 @@ def test_debug_checks_raise_on_the_pallas_path():
 
 # --- group sizes of ragged_dot / tgmm ----------------------------------------------------------
 
-BAD_SIZES = {"negative": [-3, 9, 4, 2], "over": [5, 0, 9, 20], "int_max": [2**31 - 1, 2**31 - 1, 3, 0]}
+BAD_SIZES = {
+    "negative": [-3, 9, 4, 2],
+    "over": [5, 0, 9, 20],
+    "int_max": [2**31 - 1, 2**31 - 1, 3, 0],
+}
 
 
 def _clamped(sizes, rows):
@@ -249,8 +278,11 @@ def test_nonfinite_weights_of_an_unused_expert_do_not_leak():
     or backward. (The XLA path on CPU lowers ragged_dot densely: there they reach every token.)"""
     rng = np.random.default_rng()
     x, idx, w, p = _case(rng)  # expert 3 is never routed to
-    bad = dict(p, w_down=p["w_down"].at[3, 0, 0].set(jnp.nan),
-               b_gate_up=p["b_gate_up"].at[3, 1].set(jnp.inf))
+    bad = dict(
+        p,
+        w_down=p["w_down"].at[3, 0, 0].set(jnp.nan),
+        b_gate_up=p["b_gate_up"].at[3, 1].set(jnp.inf),
+    )
 
     def run(params):
         f = lambda x, w, p: _experts("pallas_triton")(x, idx, w, p)
@@ -291,7 +323,9 @@ def test_zero_tokens(impl):
     assert all(not np.asarray(g).any() for g in dp.values())
     empty = ragged_dot(jnp.zeros((0, 16)), p["w_down"], jnp.zeros((4,), I32), implementation=impl)
     assert empty.shape == (0, 16)
-    weight_grad = tgmm(jnp.zeros((0, 16)), jnp.zeros((0, 8)), jnp.zeros((4,), I32), implementation=impl)
+    weight_grad = tgmm(
+        jnp.zeros((0, 16)), jnp.zeros((0, 8)), jnp.zeros((4,), I32), implementation=impl
+    )
     assert weight_grad.shape == (4, 16, 8) and not np.asarray(weight_grad).any()
 
 
@@ -328,12 +362,14 @@ def _offending(aval):
 @pytest.mark.parametrize("impl", IMPLS)
 def test_no_tkE_or_per_row_weight_intermediates(impl, activation, grad):
     rng = np.random.default_rng(0)
-    x, idx, w, p = _case(rng, tokens=T, hidden=H, inter=I, experts=E, top_k=K,
-                         biases=activation == "gptoss")
+    x, idx, w, p = _case(
+        rng, tokens=T, hidden=H, inter=I, experts=E, top_k=K, biases=activation == "gptoss"
+    )
     f = _experts(impl, activation)
     if grad:
-        f = jax.grad(lambda x, i, w, p: jnp.sum(_experts(impl, activation)(x, i, w, p)),
-                     argnums=(0, 2, 3))
+        f = jax.grad(
+            lambda x, i, w, p: jnp.sum(_experts(impl, activation)(x, i, w, p)), argnums=(0, 2, 3)
+        )
     jaxpr = jax.make_jaxpr(f)(x, idx, w, p).jaxpr
     bad = [(prim, a.shape) for prim, avals in _avals(jaxpr) for a in avals if _offending(a)]
     assert not bad, bad

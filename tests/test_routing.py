@@ -76,8 +76,16 @@ def test_sigmoid_group_topk_deepseek(renormalize):
     rng = np.random.default_rng()
     logits = rng.standard_normal((25, 32)).astype(np.float32)
     bias = (0.5 * rng.standard_normal(32)).astype(np.float32)
-    idx, w, _ = route(logits, 6, method="sigmoid_group_topk", correction_bias=jnp.asarray(bias),
-                      n_group=8, topk_group=3, renormalize=renormalize, routed_scaling_factor=2.5)
+    idx, w, _ = route(
+        logits,
+        6,
+        method="sigmoid_group_topk",
+        correction_bias=jnp.asarray(bias),
+        n_group=8,
+        topk_group=3,
+        renormalize=renormalize,
+        routed_scaling_factor=2.5,
+    )
     want_idx, want_w = np_group_topk(logits, bias, 6, 8, 3, renormalize, 2.5)
     np.testing.assert_array_equal(np.asarray(idx), want_idx)
     np.testing.assert_allclose(np.asarray(w), want_w, rtol=1e-5)
