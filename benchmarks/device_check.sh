@@ -9,6 +9,7 @@
 #   demo    python -m moe_pallas demo at seed shapes
 #   gmm     gmm/tgmm kernels at both workloads' shapes                     -> $OUT/gmm.json
 #   mgpu    Mosaic GPU gmm next to Triton                                  -> $OUT/gmm_mgpu.json
+#   autotune  the gmm/tgmm block table for AUTOTUNE_CLASSES (default small) -> $OUT/config.py
 #   layer   fwd+bwd of the layer, per-kernel breakdown, memory             -> $OUT/layer.json
 #   fuzz    the long hypothesis profile, time-capped                       -> $OUT/fuzz.json
 #   memory  peak memory of fwd and fwd+bwd at the largest seed cases      -> $OUT/memory.json
@@ -43,6 +44,9 @@ run_step() {
     demo)   step "${DEMO_S:-45}" python3 -m moe_pallas demo ;;
     gmm)    step "${GMM_S:-150}" python3 benchmarks/bench_gmm.py --out "$OUT/gmm.json" --no-ragged-dot ;;
     mgpu)   step "${MGPU_S:-300}" python3 benchmarks/bench_gmm_mgpu.py --out "$OUT/gmm_mgpu.json" ;;
+    autotune) cp moe_pallas/kernels/config.py "$OUT/config.py"
+            step "${AUTOTUNE_S:-240}" python3 benchmarks/autotune_gmm.py \
+              --classes ${AUTOTUNE_CLASSES:-small} --write "$OUT/config.py" --log "$OUT/autotune.json" ;;
     layer)  step "${LAYER_S:-180}" python3 benchmarks/bench_layer.py --out "$OUT/layer.json" ;;
     fuzz)   FUZZ_REPORT="$OUT/fuzz.json" step "${FUZZ_S:-300}" python3 -m pytest tests/test_fuzz.py \
               --long --fuzz-minutes "$(( ${FUZZ_S:-300} / 60 - 1 ))" -q -p no:cacheprovider ;;
