@@ -1,3 +1,4 @@
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -83,3 +84,16 @@ def test_tile_schedule_covers_each_row_once(sizes, num_rows, block_m):
     assert used.sum() == sum(
         -(-int(n) // block_m) for n in groups
     )  # one visit per block_m rows of a group
+
+
+def test_large_inputs_take_the_binary_search_with_the_same_result(monkeypatch):
+    import moe_pallas.dispatch as dispatch_module
+
+    rng = np.random.default_rng()
+    sizes = jnp.asarray(rng.integers(0, 40, 300), jnp.int32)
+    topk_idx = jnp.asarray(rng.integers(0, 300, (500, 4)), jnp.int32)
+    fused = tile_schedule(sizes, 9000, 16), dispatch(topk_idx, 300)
+    monkeypatch.setattr(dispatch_module, "_COMPARE_ALL_MAX", 0)  # as if the inputs were huge
+    searched = tile_schedule(sizes, 9000, 16), dispatch(topk_idx, 300)
+    for a, b in zip(jax.tree.leaves(fused), jax.tree.leaves(searched)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
