@@ -15,23 +15,17 @@ def interpret_mode() -> bool:
     return jax.default_backend() != "gpu"
 
 
-def resolve(implementation: str, *, mosaic_gpu: bool = False) -> str:
+def resolve(implementation: str) -> str:
     """Map `implementation` to the backend that runs: "pallas_triton", "xla" or "mosaic_gpu".
 
     "auto" picks pallas_triton on GPU and xla elsewhere (never mosaic_gpu: slower on the H200 at
     every shape measured, benchmarks/results/2026-11-30_h200_session2/); an explicit
-    Pallas backend off GPU runs the kernels in interpret mode (slow, for tests). "mosaic_gpu" is
-    accepted only by callers that have Mosaic GPU kernels (`mosaic_gpu=True`: ragged_dot, tgmm).
+    Pallas backend off GPU runs the kernels in interpret mode (slow, for tests).
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
             f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}; "
             'use "auto" to let the platform decide.'
-        )
-    if implementation == "mosaic_gpu" and not mosaic_gpu:
-        raise NotImplementedError(
-            'implementation="mosaic_gpu" is implemented for ragged_dot and tgmm only so far; use '
-            '"pallas_triton" (or "auto").'
         )
     if implementation == "auto":
         return "pallas_triton" if jax.default_backend() == "gpu" else "xla"

@@ -208,4 +208,4 @@ def moe_experts(
         return jnp.zeros_like(x)
     if backend == "xla":
         return _experts_xla(x, topk_idx, topk_weight, params, activation)
-    return fused.fused_experts(x, topk_idx, topk_weight, params, activation)
+    return fused.fused_experts(x, topk_idx, topk_weight, params, activation, backend)

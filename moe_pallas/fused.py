@@ -31,6 +31,11 @@ Backward (g[m] = dout[t] @ w_down[e]ᵀ, never stored; e the row's expert):
 Per-expert bias sums are tgmm calls against a ones column, and dw's per-tile partials are summed
 by XLA: no scatter atomics anywhere, so forward and backward are bitwise reproducible run to run.
 
+Backends: "pallas_triton" runs every kernel above in Triton. "mosaic_gpu" runs the matmuls (both
+gmm, both tgmm, dx's gmm) on the Mosaic GPU kernels where wgmma takes the operands (one 16-bit
+dtype), reading an XLA-gathered copy of x instead of gathering rows in the kernel (Hopper's TMA
+cannot); combine, dlhs_glu and the bias sums stay Triton.
+
 Precision: matmuls accumulate in float32; h, a, y and the backward's row tensors are stored in x's
 dtype (so float32 inputs keep a float32 h). bf16 inputs: relative error of out about 3e-3 against
 a float32 oracle (measured on the H200 at full gpt-oss/SwiGLU shapes, T = 1..256). float32 inputs
@@ -46,6 +51,7 @@ import jax.numpy as jnp
 
 from moe_pallas import dispatch as _dispatch
 from moe_pallas.activations import glu, split_gate_up
+from moe_pallas.kernels import gmm_mgpu, tgmm_mgpu
 from moe_pallas.kernels.combine import combine
 from moe_pallas.kernels.dlhs_glu import dlhs_glu
 from moe_pallas.kernels.gmm import gmm
@@ -67,6 +73,26 @@ def _precision(dtype):
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype).itemsize >= 4 else None
 
 
+def _gmm(backend, lhs, rhs, group_sizes, *, lhs_row_index=None, **kwargs):
+    """gmm on Mosaic GPU where `backend` asks for it and wgmma takes the operands, else Triton.
+
+    Hopper's TMA cannot gather rows, so the Mosaic GPU kernel reads an XLA-gathered copy of lhs
+    (with Triton on the H200, such a copy + gmm ran 4-9% faster than the in-kernel gather).
+    """
+    if backend == "mosaic_gpu" and gmm_mgpu.accepts(lhs, rhs):
+        lhs = lhs if lhs_row_index is None else lhs[lhs_row_index]
+        return gmm_mgpu.gmm(lhs, rhs, group_sizes, **kwargs)
+    return gmm(lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, **kwargs)
+
+
+def _tgmm(backend, lhs, rhs, group_sizes, *, lhs_row_index=None, out_dtype=None):
+    """tgmm on Mosaic GPU or Triton, chosen as in `_gmm`."""
+    if backend == "mosaic_gpu" and gmm_mgpu.accepts(lhs, rhs):
+        lhs = lhs if lhs_row_index is None else lhs[lhs_row_index]
+        return tgmm_mgpu.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+    return tgmm(lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, out_dtype=out_dtype)
+
+
 def _group_sum(rows, group_sizes):
     """`[E, N]` float32 per-expert sums of the expert-sorted `rows [M, N]`.
 
@@ -80,11 +106,12 @@ def _group_sum(rows, group_sizes):
     return tgmm(ones, rows, group_sizes, lhs_row_index=every_row, out_dtype=jnp.float32)[:, 0]
 
 
-def _forward(activation, x, topk_idx, topk_weight, params, keep_h=True):
+def _forward(activation, backend, x, topk_idx, topk_weight, params, keep_h=True):
     """(out, residuals for `_fused_bwd`); without keep_h the GLU runs in gmm's epilogue, no h."""
     d, row_expert, row_weight = _routing(topk_idx, topk_weight, params["w_gate_up"].shape[0])
     gate_up = functools.partial(
-        gmm,
+        _gmm,
+        backend,
         x,
         params["w_gate_up"],
         d.group_sizes,
@@ -96,17 +123,24 @@ def _forward(activation, x, topk_idx, topk_weight, params, keep_h=True):
         a = glu(*split_gate_up(h.astype(jnp.float32), activation), activation).astype(x.dtype)
     else:
         h, a = None, gate_up(activation=activation)
-    y = gmm(a, params["w_down"], d.group_sizes, bias=params.get("b_down"), row_scale=row_weight)
+    y = _gmm(
+        backend,
+        a,
+        params["w_down"],
+        d.group_sizes,
+        bias=params.get("b_down"),
+        row_scale=row_weight,
+    )
     out = combine(y, d.pair_row.reshape(topk_idx.shape), out_dtype=x.dtype)
     return out, (x, topk_idx, topk_weight, params, d, row_expert, row_weight, h)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused(activation, x, topk_idx, topk_weight, params):
-    return _forward(activation, x, topk_idx, topk_weight, params, keep_h=False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _fused(activation, backend, x, topk_idx, topk_weight, params):
+    return _forward(activation, backend, x, topk_idx, topk_weight, params, keep_h=False)[0]
 
 
-def _fused_bwd(activation, residuals, dout):
+def _fused_bwd(activation, backend, residuals, dout):
     x, topk_idx, topk_weight, params, d, row_expert, row_weight, h = residuals
     num_tokens, top_k = topk_idx.shape
     num_experts = params["w_gate_up"].shape[0]
@@ -122,9 +156,14 @@ def _fused_bwd(activation, residuals, dout):
     )
     dy = (dout[d.row_token].astype(jnp.float32) * row_weight[:, None]).astype(x.dtype)
     grads = {
-        "w_down": tgmm(a, dy, d.group_sizes, out_dtype=params["w_down"].dtype),
-        "w_gate_up": tgmm(
-            x, dh, d.group_sizes, lhs_row_index=d.row_token, out_dtype=params["w_gate_up"].dtype
+        "w_down": _tgmm(backend, a, dy, d.group_sizes, out_dtype=params["w_down"].dtype),
+        "w_gate_up": _tgmm(
+            backend,
+            x,
+            dh,
+            d.group_sizes,
+            lhs_row_index=d.row_token,
+            out_dtype=params["w_gate_up"].dtype,
         ),
     }
     if "b_gate_up" in params:
@@ -143,7 +182,7 @@ def _fused_bwd(activation, residuals, dout):
         dw_rows = dw_rows + jnp.where(
             row_valid, bias_dot[d.row_token, jnp.where(row_valid, row_expert, 0)], 0
         )
-    dx_rows = gmm(dh, params["w_gate_up"], d.group_sizes, transpose_rhs=True)
+    dx_rows = _gmm(backend, dh, params["w_gate_up"], d.group_sizes, transpose_rhs=True)
     dx = combine(dx_rows, d.pair_row.reshape(num_tokens, top_k), out_dtype=x.dtype)
     d_topk_weight = dw_rows[d.pair_row].reshape(num_tokens, top_k).astype(topk_weight.dtype)
     return dx, None, d_topk_weight, grads
@@ -152,6 +191,7 @@ def _fused_bwd(activation, residuals, dout):
 _fused.defvjp(_forward, _fused_bwd)
 
 
-def fused_experts(x, topk_idx, topk_weight, params, activation):
-    """`moe_experts` on the Pallas kernels (arguments already validated; params a dict)."""
-    return _fused(activation, x, topk_idx, topk_weight, params)
+def fused_experts(x, topk_idx, topk_weight, params, activation, backend="pallas_triton"):
+    """`moe_experts` on the Pallas kernels of `backend` ("pallas_triton" or "mosaic_gpu";
+    arguments already validated; params a dict)."""
+    return _fused(activation, backend, x, topk_idx, topk_weight, params)

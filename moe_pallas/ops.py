@@ -53,8 +53,7 @@ def _out_dtype(lhs, rhs, preferred_element_type):
 
 def _mosaic(backend: str, *operands: jax.Array) -> bool:
     """Whether a "mosaic_gpu" kernel takes these operands: wgmma reads one 16-bit dtype."""
-    dtypes = {x.dtype for x in operands}
-    return backend == "mosaic_gpu" and len(dtypes) == 1 and dtypes.pop() in _gmm_mgpu.DTYPES
+    return backend == "mosaic_gpu" and _gmm_mgpu.accepts(*operands)
 
 
 def _zero_cotangent(group_sizes):
@@ -139,7 +138,7 @@ def ragged_dot(
     M, see `moe_pallas.debug_checks` to make them errors). Returns `[M, N]` in `preferred_element_type`
     (default: the promoted input dtype), accumulating in float32.
     """
-    backend = _backend.resolve(implementation, mosaic_gpu=True)
+    backend = _backend.resolve(implementation)
     if lhs.ndim != 2:
         raise ValueError(f"lhs must be 2-D [M, K], got shape {lhs.shape}.")
     if rhs.ndim != 3:
@@ -173,7 +172,7 @@ def tgmm(
     lhs `[M, K]`, rhs `[M, N]`, group_sizes `[G]` integer. Returns `[G, K, N]`; empty groups are
     zero.
     """
-    backend = _backend.resolve(implementation, mosaic_gpu=True)
+    backend = _backend.resolve(implementation)
     if lhs.ndim != 2 or rhs.ndim != 2:
         raise ValueError(f"lhs and rhs must be 2-D ([M, K], [M, N]), got {lhs.shape}, {rhs.shape}.")
     if lhs.shape[0] != rhs.shape[0]:

@@ -33,10 +33,7 @@ def triton_calls(text: str) -> int:
     return text.count("__gpu$xla.gpu.triton")
 
 
-@pytest.mark.parametrize("grad", [False, True])
-@pytest.mark.parametrize("tokens", [1, 2293])
-@pytest.mark.parametrize("activation", sorted(WORKLOADS))
-def test_fused_layer_lowers_to_triton(activation, tokens, grad):
+def _layer_args(activation, tokens):
     hidden, inter, experts, top_k, biases = WORKLOADS[activation]
     bf16 = jnp.bfloat16
     params = {
@@ -48,25 +45,42 @@ def test_fused_layer_lowers_to_triton(activation, tokens, grad):
             "b_gate_up": SDS((experts, 2 * inter), bf16),
             "b_down": SDS((experts, hidden), bf16),
         }
-    args = (
+    return (
         SDS((tokens, hidden), bf16),
         SDS((tokens, top_k), jnp.int32),
         SDS((tokens, top_k), jnp.float32),
         params,
     )
-    layer = functools.partial(moe_experts, activation=activation, implementation="pallas_triton")
-    if grad:
-        layer = jax.grad(
-            lambda x, i, w, p: jnp.sum(
-                moe_experts(
-                    x, i, w, p, activation=activation, implementation="pallas_triton"
-                ).astype(jnp.float32)
-            ),
-            argnums=(0, 2, 3),
-        )
-    text = lower_for_h200(layer, *args)
+
+
+def _layer(activation, implementation, grad):
+    layer = functools.partial(moe_experts, activation=activation, implementation=implementation)
+    if not grad:
+        return layer
+    loss = lambda x, i, w, p: jnp.sum(layer(x, i, w, p).astype(jnp.float32))
+    return jax.grad(loss, argnums=(0, 2, 3))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("tokens", [1, 2293])
+@pytest.mark.parametrize("activation", sorted(WORKLOADS))
+def test_fused_layer_lowers_to_triton(activation, tokens, grad):
+    layer = _layer(activation, "pallas_triton", grad)
+    text = lower_for_h200(layer, *_layer_args(activation, tokens))
     # forward: gate_up gmm, down gmm, combine; backward adds dlhs_glu, tgmm x2 (+ bias sums), gmm_t, combine
     assert triton_calls(text) >= (7 if grad else 3)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+@pytest.mark.parametrize("activation", sorted(WORKLOADS))
+def test_fused_layer_lowers_to_mosaic_gpu(activation, grad):
+    """implementation="mosaic_gpu" at seed shapes, T = 2293 (T·k rows off the 8-row TMA boxes):
+    the matmuls lower to Mosaic GPU; combine, dlhs_glu and the bias sums stay Triton."""
+    text = lower_for_h200(_layer(activation, "mosaic_gpu", grad), *_layer_args(activation, 2293))
+    kernels = text.count("mosaic_gpu_v2"), triton_calls(text)
+    # forward: gate_up, down (Mosaic GPU) + combine; backward adds tgmm x2 and dx's gmm (Mosaic
+    # GPU), dlhs_glu, the second combine and the bias sums (Triton)
+    assert kernels[0] >= (5 if grad else 2) and kernels[1] >= (3 if grad else 1), kernels
 
 
 def test_ragged_dot_and_tgmm_lower_to_triton():

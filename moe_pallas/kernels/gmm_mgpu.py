@@ -47,6 +47,14 @@ from moe_pallas.activations import glu
 from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_sizes, grouped_dims
 
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def accepts(*operands: jax.Array) -> bool:
+    """Whether wgmma takes these operands: one 16-bit floating dtype for all of them."""
+    dtypes = {jnp.dtype(x.dtype) for x in operands}
+    return len(dtypes) == 1 and dtypes.pop() in DTYPES
+
+
 _INTERPRET_SMS = 2  # CTAs in interpret mode: enough to exercise the persistent loop's striding
 
 
