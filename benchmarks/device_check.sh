@@ -16,7 +16,8 @@
 #   train   python -m moe_pallas train --size small
 # Usage on the device: OUT=... BENCH_COMMIT=<sha> STEPS="suites tests" bash benchmarks/device_check.sh
 # (each step's limit: <STEP>_S seconds, e.g. SUITES_S=150; TESTS=<files> picks the test files in
-# that order, TEST_TIMEOUT caps each test (pytest-timeout, on the device image), TRAIN_ARGS the
+# that order, SUITES_IMPLS the suites' implementations (e.g. moe_pallas:pallas_triton,moe_pallas:mosaic_gpu),
+# TEST_TIMEOUT caps each test (pytest-timeout, on the device image), TRAIN_ARGS the
 # train options).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,7 @@ step() {
 run_step() {
   case "$1" in
     suites) step "${SUITES_S:-150}" bash benchmarks/gpu_run.sh --suite gptoss,swiglu256 \
-              --impls moe_pallas:pallas_triton --out "$OUT/suites" --time-limit "$(( ${SUITES_S:-150} - 20 ))"
+              --impls "${SUITES_IMPLS:-moe_pallas:pallas_triton}" --out "$OUT/suites" --time-limit "$(( ${SUITES_S:-150} - 20 ))"
             rm -f "$OUT/suites/roofline.png" "$OUT/suites/results.csv" ;;
     peers)  step "${PEERS_S:-240}" bash benchmarks/gpu_run.sh --suite gptoss,swiglu256 \
               --impls tokamax,torch._grouped_mm --out "$OUT/peers" --time-limit "$(( ${PEERS_S:-240} - 20 ))" --no-plots
