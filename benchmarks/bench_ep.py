@@ -117,15 +117,17 @@ def exchange_round_trip(mesh, exchange, tokens_per_device, top_k, experts, capac
     """The EP path with identity experts: sort, dispatch, return, combine."""
     shards = mesh.shape["expert"]
     axes = tuple(mesh.axis_names)
+    round_trip = parallel.round_trip_fn(exchange, ARGS.capacity_factor, axes)
 
     def body(x, idx, w):
         plan = parallel._plan(idx, experts // shards, shards)
-        trip = parallel._ROUND_TRIPS[exchange](
-            x, w, plan, lambda xr, _e, _w: xr, "expert", experts // shards, capacity
-        )
+        trip = round_trip(x, w, plan, lambda xr, _e, _w: xr, "expert", experts // shards, capacity)
         return jnp.sum(trip.y_pair.astype(jnp.float32).reshape(*idx.shape, -1), 1).astype(x.dtype)
 
-    return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(axes),) * 3, out_specs=P(axes)))
+    shard = jax.shard_map(
+        body, mesh=mesh, in_specs=(P(axes),) * 3, out_specs=P(axes), check_vma=False
+    )  # as in moe_pallas.parallel: a lax.cond round whose branches differ in varying axes
+    return jax.jit(shard)
 
 
 def rel(a, b) -> float:

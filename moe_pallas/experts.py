@@ -178,9 +178,11 @@ def moe_experts(
       exchange: "auto" (= "all_to_all"), "all_to_all" (fixed capacity, any platform) or
         "ragged" (`jax.lax.ragged_all_to_all`, GPU; slow in jax 0.11.2, see moe_pallas.parallel).
       capacity_factor: receive buffer per device in units of its balanced load; None (default)
-        sizes it for the worst case and never drops. Dropped rows contribute zero, are counted in
+        never drops (all_to_all: a 1.25x first round, and a second round only when a pair
+        overflows it; ragged: a worst-case buffer). Dropped rows contribute zero, are counted in
         the stats, and raise under `moe_pallas.debug_checks()`.
-      return_stats: also return `{"dropped_rows", "rows_per_shard", "capacity_rows"}`.
+      return_stats: also return `{"dropped_rows", "rows_per_shard", "capacity_rows",
+        "spilled_rows"}` (see `moe_pallas.parallel`).
     Returns:
       `out [T, H]` in x's dtype; `(out, stats)` if return_stats.
     """

@@ -20,14 +20,19 @@ Exchanges (`exchange=`):
     6.1 ms with "all_to_all" (benchmarks/results/2026-11-30_h200_session2/).
 
 `capacity_factor` f sizes the receive buffer of each device at f times the balanced load M rows:
-C = ceil(f*M/S) per pair, or B = ceil(f*M). `None` (default) sizes it for the worst case (every
-row to one shard): C = M, B = S*M, and nothing is ever dropped. Dropped rows contribute zero; their
-count is in the stats (`return_stats=True`), and under `moe_pallas.debug_checks()` a drop raises.
+C = ceil(f*M/S) per pair, or B = ceil(f*M); rows past it are dropped. `None` (default) never
+drops: ragged sizes B for the worst case (every row to one shard, B = S*M: memory, not wire
+traffic); all_to_all sends a first round of C = ceil(1.25*M/S) rows per pair and, only if some
+pair on the mesh holds more, a second round with the remaining ranks [C, M) (worst-case size),
+under a `lax.cond` that every device evaluates alike. Dropped rows contribute zero; their count
+is in the stats (`return_stats=True`, with the second round's rows as "spilled_rows"), and under
+`moe_pallas.debug_checks()` a drop raises.
 
 Gradients flow through both exchanges (their transposes are the reverse exchanges); weight
 gradients of data-parallel replicas are summed by shard_map.
 """
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple
@@ -106,6 +111,7 @@ class _RoundTrip(NamedTuple):
     y_pair: jax.Array  # [M, H] weighted expert output of each pair, zero where not computed
     kept: jax.Array  # [M] pairs computed (valid expert id and within capacity)
     received: jax.Array  # [] rows this device computed
+    spilled: jax.Array | int = 0  # [] of those, rows that came in a second all_to_all round
 
 
 def _meta(local_expert, weight):
@@ -115,11 +121,12 @@ def _meta(local_expert, weight):
 
 
 def _all_to_all_round_trip(
-    x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity
+    x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity, first=0
 ):
-    """Fixed slots: slot (d, c) of the [S*C] send buffer carries sorted row start[d] + c."""
+    """Fixed slots: slot (d, c) of the [S*C] send buffer carries sorted row start[d] + first + c,
+    i.e. the rows of ranks [first, first + C) for each destination."""
     num_shards, top_k = plan.counts.shape[0], weight.shape[1]
-    slot = jnp.arange(capacity, dtype=jnp.int32)
+    slot = first + jnp.arange(capacity, dtype=jnp.int32)
     filled = slot[None, :] < plan.counts[:, None]  # [S, C]
     sorted_row = jnp.where(filled, plan.start[:, None] + slot[None, :], 0)
     pair = plan.order[sorted_row]
@@ -133,11 +140,40 @@ def _all_to_all_round_trip(
     local_recv = meta[:, 0].astype(jnp.int32)
     y = apply(x_recv, local_recv, meta[:, 1].astype(weight.dtype))
     y_back = jax.lax.all_to_all(y, axis, 0, 0, tiled=True)
-    kept = (plan.dest < num_shards) & (plan.rank < capacity)
+    kept = (plan.dest < num_shards) & (plan.rank >= first) & (plan.rank < first + capacity)
     y_pair = jnp.where(
-        kept[:, None], y_back[jnp.where(kept, plan.dest * capacity + plan.rank, 0)], 0
+        kept[:, None], y_back[jnp.where(kept, plan.dest * capacity + plan.rank - first, 0)], 0
     )
     return _RoundTrip(y_pair, kept, jnp.sum(local_recv < experts_per_shard, dtype=jnp.int32))
+
+
+def _dropless_all_to_all_round_trip(
+    x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity, mesh_axes
+):
+    """C rows per pair, then, only when some pair anywhere on the mesh holds more (a pmax over
+    every axis, so all devices take the same branch and no collective waits for a peer that
+    skipped it), a second all_to_all with the ranks [C, M) of every pair: dropless, with the
+    wire carrying S*C rows, not the S*M of one worst-case round, when the load is balanced."""
+    first = _all_to_all_round_trip(x, weight, plan, apply, axis, experts_per_shard, capacity)
+    spill = plan.order.shape[0] - capacity
+    if spill <= 0:
+        return first
+    overflow = jax.lax.pmax(jnp.max(plan.counts), mesh_axes) > capacity
+    second = jax.lax.cond(
+        overflow,
+        lambda: _all_to_all_round_trip(
+            x, weight, plan, apply, axis, experts_per_shard, spill, first=capacity
+        ),
+        lambda: _RoundTrip(
+            jnp.zeros_like(first.y_pair), jnp.zeros_like(first.kept), jnp.zeros_like(first.received)
+        ),
+    )
+    return _RoundTrip(
+        first.y_pair + second.y_pair,  # disjoint rows: exact
+        first.kept | second.kept,
+        first.received + second.received,
+        second.received,
+    )
 
 
 def _ragged_round_trip(x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity):
@@ -173,7 +209,13 @@ def _ragged_round_trip(x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per
     return _RoundTrip(y_pair, kept, received)
 
 
-_ROUND_TRIPS = {"all_to_all": _all_to_all_round_trip, "ragged": _ragged_round_trip}
+def round_trip_fn(exchange: str, capacity_factor: float | None, mesh_axes: tuple[str, ...]):
+    """The exchange round trip `moe_experts` runs (benchmarks/bench_ep.py times it alone)."""
+    if exchange == "ragged":
+        return _ragged_round_trip
+    if capacity_factor is None:
+        return functools.partial(_dropless_all_to_all_round_trip, mesh_axes=mesh_axes)
+    return _all_to_all_round_trip
 
 
 def resolve_exchange(exchange: str) -> str:
@@ -183,10 +225,18 @@ def resolve_exchange(exchange: str) -> str:
     return "all_to_all" if exchange == "auto" else exchange
 
 
+# Dropless all_to_all: the first round's slots per pair, in units of the balanced load M/S. Random
+# routing rarely passes 1.25x on a pair (the second round then costs one cond); a skewed router
+# pays a second, worst-case round.
+FIRST_ROUND_FACTOR = 1.25
+
+
 def capacity_rows(exchange: str, rows: int, num_shards: int, capacity_factor: float | None) -> int:
-    """Receive-buffer rows: C per (source, destination) pair for all_to_all, B for ragged."""
+    """Receive-buffer rows: C per (source, destination) pair for all_to_all (with
+    capacity_factor=None: its first round), B for ragged."""
     if exchange == "all_to_all":
         worst, balanced = rows, rows / num_shards
+        capacity_factor = capacity_factor or FIRST_ROUND_FACTOR
     else:
         worst, balanced = rows * num_shards, rows
     if capacity_factor is None:
@@ -246,7 +296,9 @@ def moe_experts_parallel(
 
     Returns (out [T, H], stats) with stats = {"dropped_rows": int32[] over the whole mesh,
     "rows_per_shard": int32[S] rows computed by each expert shard (summed over other axes),
-    "capacity_rows": the receive-buffer size (C per pair for all_to_all, B for ragged)}.
+    "capacity_rows": the receive-buffer size (C per pair for all_to_all, of its first round when
+    dropless; B for ragged), "spilled_rows": int32[] rows the dropless all_to_all sent in its
+    second round (0 when the first round held every pair)}.
     With mesh=None it is the single-device call, which drops nothing (S = 1).
     """
     if mesh is None:
@@ -259,6 +311,7 @@ def moe_experts_parallel(
             "dropped_rows": jnp.zeros((), jnp.int32),
             "rows_per_shard": rows[None],
             "capacity_rows": topk_idx.size,
+            "spilled_rows": jnp.zeros((), jnp.int32),
         }
     if not isinstance(mesh, Mesh):
         raise TypeError(
@@ -289,8 +342,8 @@ def moe_experts_parallel(
         topk_weight = jnp.pad(topk_weight, ((0, pad), (0, 0)))
     rows = (num_tokens + pad) // mesh.size * top_k
     capacity = capacity_rows(exchange, rows, num_shards, capacity_factor)
-    round_trip = _ROUND_TRIPS[exchange]
     axes = tuple(mesh.axis_names)
+    round_trip = round_trip_fn(exchange, capacity_factor, axes)
     other_axes = tuple(a for a in axes if a != expert_axis)
 
     def shard_body(x, topk_idx, topk_weight, params):
@@ -314,30 +367,36 @@ def moe_experts_parallel(
         received = trip.received[None]
         if other_axes:
             received = jax.lax.psum(received, other_axes)
+        spilled = jax.lax.psum(jnp.asarray(trip.spilled, jnp.int32), axes)
         if not debug.enabled():
-            return out.astype(x.dtype), jax.lax.psum(dropped, axes), received
+            return out.astype(x.dtype), jax.lax.psum(dropped, axes), received, spilled
         # Checked on mesh-wide counts after the last exchange, so every device raises together: a
         # lone raise would strand its peers inside a collective until XLA aborts the process.
         counts = jax.lax.psum(
             _debug_counts(x, topk_idx, topk_weight, dropped, num_tokens, num_experts, axes), axes
         )
         jax.debug.callback(_raise_on_counts, counts, num_experts, capacity, exchange, out[:1, :1])
-        return out.astype(x.dtype), counts[0], received
+        return out.astype(x.dtype), counts[0], received, spilled
 
     tokens = P(axes)
     expert_slices = {name: P(expert_axis) for name in params}
     args = [_to_mesh(a, mesh, tokens) for a in (x, topk_idx, topk_weight)]
     params = {name: _to_mesh(p, mesh, P(expert_axis)) for name, p in params.items()}
-    out, dropped, received = jax.shard_map(
+    out, dropped, received, spilled = jax.shard_map(
         shard_body,
         mesh=mesh,
         in_specs=(tokens, tokens, tokens, expert_slices),
-        out_specs=(tokens, P(), P(expert_axis)),
+        out_specs=(tokens, P(), P(expert_axis), P()),
         # Pallas kernels inside declare no varying-axes type for their outputs (a pallas_call
         # under check_vma=True needs one); the collectives here are written out explicitly.
         check_vma=False,
     )(*args, params)
-    stats = {"dropped_rows": dropped, "rows_per_shard": received, "capacity_rows": capacity}
+    stats = {
+        "dropped_rows": dropped,
+        "rows_per_shard": received,
+        "capacity_rows": capacity,
+        "spilled_rows": spilled,
+    }
     if pad:
         out = _to_mesh(out, mesh, P())[:num_tokens]  # explicit axes cannot slice a sharded dim
     return out, stats

@@ -66,6 +66,17 @@ def test_forward_and_grads_match_one_device(cases, case):
     assert cases[case]["fwd"] < F32 and cases[case]["grad"] < F32, cases[case]
 
 
+def test_dropless_all_to_all_spills_into_a_second_round_only_on_overflow(cases):
+    balanced, spill = cases["a2a_dropless_balanced"], cases["a2a_dropless_spill"]
+    for case in (balanced, spill):
+        assert case["fwd"] < F32 and case["grad"] < F32 and case["dropped"] == 0, case
+        assert case["rows_computed"] == 64 * 2, case  # every (token, slot) row, once
+    assert balanced["spilled"] == 0, balanced
+    # slot 0 of all 64 tokens on expert 3 (shard 0): 8 rows per source device against a first
+    # round of ceil(1.25 * 16 / 2) = 10, plus the slot-1 rows for shard 0: some pair overflows
+    assert spill["spilled"] > 0, spill
+
+
 @pytest.mark.parametrize("case", ["a2a_ep2_data4_bf16", "explicit_mesh_T1"])
 def test_forward_matches_one_device_and_reference(cases, case):
     tol = BF16 if "bf16" in case else F32
@@ -132,7 +143,7 @@ def test_one_device_mesh_equals_no_mesh_with_stats():
 
 
 def test_capacity_rows():
-    assert capacity_rows("all_to_all", 64, 8, None) == 64
+    assert capacity_rows("all_to_all", 64, 8, None) == 10  # dropless: the first round, 1.25x
     assert capacity_rows("all_to_all", 64, 8, 1.25) == 10
     assert capacity_rows("ragged", 64, 8, None) == 512
     assert capacity_rows("ragged", 64, 8, 1.25) == 80
