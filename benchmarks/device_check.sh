@@ -5,7 +5,8 @@
 #   suites  the two 16-case forward suites of our layer (benchmarks/run.py) -> $OUT/suites/
 #   peers   the same suites for tokamax and torch (carry .peers/)         -> $OUT/peers/
 #   tests   every gpu-marked test
-#   ep      expert parallelism, 1 vs 2 GPUs (skipped with fewer GPUs)     -> $OUT/ep_*.json
+#   ep      expert parallelism, 1 vs all GPUs (skipped with fewer than 2; EP_ARGS e.g.
+#           "--workload gptoss --exchange ragged")                           -> $OUT/ep_*.json
 #   demo    python -m moe_pallas demo at seed shapes
 #   gmm     gmm/tgmm kernels at both workloads' shapes                     -> $OUT/gmm.json
 #   mgpu    Mosaic GPU gmm next to Triton                                  -> $OUT/gmm_mgpu.json
@@ -40,7 +41,7 @@ run_step() {
     tests)  step "${TESTS_S:-240}" python3 -m pytest -m gpu -v --durations=0 -p no:cacheprovider \
               --timeout "${TEST_TIMEOUT:-120}" ${TESTS:-tests} ;;
     ep)     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-              step "${EP_S:-150}" python3 benchmarks/bench_ep.py --out "$OUT" --budget-s "$(( ${EP_S:-150} - 20 ))"
+              step "${EP_S:-150}" python3 benchmarks/bench_ep.py --out "$OUT" --budget-s "$(( ${EP_S:-150} - 20 ))" ${EP_ARGS:-}
             fi ;;
     demo)   step "${DEMO_S:-45}" python3 -m moe_pallas demo ;;
     gmm)    step "${GMM_S:-150}" python3 benchmarks/bench_gmm.py --out "$OUT/gmm.json" --no-ragged-dot ;;
