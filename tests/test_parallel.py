@@ -166,21 +166,27 @@ def test_expert_mesh_and_option_errors():
 
 
 @pytest.mark.gpu
-def test_ragged_exchange_on_two_gpus():
+@pytest.mark.parametrize("exchange", ["ragged", "all_to_all"])
+def test_exchanges_on_two_gpus(exchange):
     if len(jax.devices()) < 2:
         pytest.skip("needs 2 GPUs")
     mesh = moe_pallas.expert_mesh(2, devices=jax.devices()[:2])
     x, idx, w, params = _inputs(T=256, E=16, k=4, H=128, I=64, dtype=jnp.bfloat16, seed=1)
     single = partial(moe_pallas.moe_experts, activation="swiglu")
-    ragged = partial(single, mesh=mesh, exchange="ragged")
-    assert _rel(jax.jit(ragged)(x, idx, w, params), single(x, idx, w, params)) < BF16
-    loss = lambda fn, x, w, p: jnp.sum(fn(x, idx, w, p).astype(jnp.float32) ** 2)
-    g_ep = jax.jit(jax.grad(partial(loss, ragged), argnums=(0, 1, 2)))(x, w, params)
+    ep = partial(single, mesh=mesh, exchange=exchange)
+    hot = idx.at[:, 0].set(0)  # half of the rows to shard 0: overflows a balanced buffer
+    for routing in (idx, hot):
+        out, stats = jax.jit(partial(ep, return_stats=True))(x, routing, w, params)
+        assert _rel(out, single(x, routing, w, params)) < BF16
+        assert int(stats["dropped_rows"]) == 0 and int(stats["rows_per_shard"].sum()) == idx.size
+    if exchange == "all_to_all":  # the hot routing took the dropless second round
+        assert int(stats["spilled_rows"]) > 0
+    loss = lambda fn, x, w, p: jnp.sum(fn(x, hot, w, p).astype(jnp.float32) ** 2)
+    g_ep = jax.jit(jax.grad(partial(loss, ep), argnums=(0, 1, 2)))(x, w, params)
     g_one = jax.jit(jax.grad(partial(loss, single), argnums=(0, 1, 2)))(x, w, params)
     for a, b in zip(jax.tree.leaves(g_ep), jax.tree.leaves(g_one)):
         assert _rel(a, b) < BF16
-    hot = idx.at[:, 0].set(0)  # half of the rows to shard 0: a small buffer overflows, counted
-    out, stats = jax.jit(partial(ragged, capacity_factor=0.5, return_stats=True))(x, hot, w, params)
+    out, stats = jax.jit(partial(ep, capacity_factor=0.5, return_stats=True))(x, hot, w, params)
     assert int(stats["dropped_rows"]) > 0 and bool(jnp.isfinite(out.astype(jnp.float32)).all())
     assert int(stats["rows_per_shard"].sum()) + int(stats["dropped_rows"]) == hot.size
 
