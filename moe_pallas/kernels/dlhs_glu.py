@@ -154,7 +154,8 @@ def dlhs_glu(
     if config is None:
         # The table's gmm_t tiles, cut to 64 rows and 64 (gpt-oss) or 128 (SwiGLU) columns: the
         # epilogue holds gate, up, the activation and their derivatives beside the accumulator,
-        # and the table's 128 x 128 tiles spill registers. H200, T = 2048 (bench_layer,
+        # which at the table's 128 x 128 tiles ran twice as slow (register spills, presumably:
+        # not profiled). H200, T = 2048 (bench_layer,
         # 2026-11-30): gpt-oss 1.70 ms at 64 x 64 (4 warps) vs 3.05 at 128 x 128; SwiGLU 2.60 ms
         # at 64 x 128 (8 warps) vs 3.28.
         config = _config.pick("gmm_t", num_rows, num_groups, k_dim, n_out)
