@@ -51,11 +51,10 @@ import jax.numpy as jnp
 
 from moe_pallas import dispatch as _dispatch
 from moe_pallas.activations import glu, split_gate_up
-from moe_pallas.kernels import gmm_mgpu, tgmm_mgpu
 from moe_pallas.kernels.combine import combine
 from moe_pallas.kernels.dlhs_glu import dlhs_glu
-from moe_pallas.kernels.gmm import gmm
 from moe_pallas.kernels.tgmm import tgmm
+from moe_pallas.ops import gmm_on_backend, tgmm_on_backend
 
 
 def _routing(topk_idx, topk_weight, num_experts):
@@ -71,26 +70,6 @@ def _precision(dtype):
     """HIGHEST keeps float32 operands off TF32; for bf16 (exact products) it would make XLA upcast
     the operands to float32 copies."""
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype).itemsize >= 4 else None
-
-
-def _gmm(backend, lhs, rhs, group_sizes, *, lhs_row_index=None, **kwargs):
-    """gmm on Mosaic GPU where `backend` asks for it and wgmma takes the operands, else Triton.
-
-    Hopper's TMA cannot gather rows, so the Mosaic GPU kernel reads an XLA-gathered copy of lhs
-    (with Triton on the H200, such a copy + gmm ran 4-9% faster than the in-kernel gather).
-    """
-    if backend == "mosaic_gpu" and gmm_mgpu.accepts(lhs, rhs):
-        lhs = lhs if lhs_row_index is None else lhs[lhs_row_index]
-        return gmm_mgpu.gmm(lhs, rhs, group_sizes, **kwargs)
-    return gmm(lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, **kwargs)
-
-
-def _tgmm(backend, lhs, rhs, group_sizes, *, lhs_row_index=None, out_dtype=None):
-    """tgmm on Mosaic GPU or Triton, chosen as in `_gmm`."""
-    if backend == "mosaic_gpu" and gmm_mgpu.accepts(lhs, rhs):
-        lhs = lhs if lhs_row_index is None else lhs[lhs_row_index]
-        return tgmm_mgpu.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
-    return tgmm(lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, out_dtype=out_dtype)
 
 
 def _group_sum(rows, group_sizes):
@@ -110,7 +89,7 @@ def _forward(activation, backend, x, topk_idx, topk_weight, params, keep_h=True)
     """(out, residuals for `_fused_bwd`); without keep_h the GLU runs in gmm's epilogue, no h."""
     d, row_expert, row_weight = _routing(topk_idx, topk_weight, params["w_gate_up"].shape[0])
     gate_up = functools.partial(
-        _gmm,
+        gmm_on_backend,
         backend,
         x,
         params["w_gate_up"],
@@ -123,7 +102,7 @@ def _forward(activation, backend, x, topk_idx, topk_weight, params, keep_h=True)
         a = glu(*split_gate_up(h.astype(jnp.float32), activation), activation).astype(x.dtype)
     else:
         h, a = None, gate_up(activation=activation)
-    y = _gmm(
+    y = gmm_on_backend(
         backend,
         a,
         params["w_down"],
@@ -156,8 +135,8 @@ def _fused_bwd(activation, backend, residuals, dout):
     )
     dy = (dout[d.row_token].astype(jnp.float32) * row_weight[:, None]).astype(x.dtype)
     grads = {
-        "w_down": _tgmm(backend, a, dy, d.group_sizes, out_dtype=params["w_down"].dtype),
-        "w_gate_up": _tgmm(
+        "w_down": tgmm_on_backend(backend, a, dy, d.group_sizes, out_dtype=params["w_down"].dtype),
+        "w_gate_up": tgmm_on_backend(
             backend,
             x,
             dh,
@@ -182,7 +161,7 @@ def _fused_bwd(activation, backend, residuals, dout):
         dw_rows = dw_rows + jnp.where(
             row_valid, bias_dot[d.row_token, jnp.where(row_valid, row_expert, 0)], 0
         )
-    dx_rows = _gmm(backend, dh, params["w_gate_up"], d.group_sizes, transpose_rhs=True)
+    dx_rows = gmm_on_backend(backend, dh, params["w_gate_up"], d.group_sizes, transpose_rhs=True)
     dx = combine(dx_rows, d.pair_row.reshape(num_tokens, top_k), out_dtype=x.dtype)
     d_topk_weight = dw_rows[d.pair_row].reshape(num_tokens, top_k).astype(topk_weight.dtype)
     return dx, None, d_topk_weight, grads
