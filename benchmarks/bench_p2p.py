@@ -2,20 +2,19 @@
 
     PYTHONPATH=. python3 benchmarks/bench_p2p.py [--mib 256] [--out p2p.json]
 
-Times (median of 5 after a warm-up, bf16 random data) on the first two devices:
+Times (`benchmarks.sol.median_seconds`: median of 5 after a warm-up, bf16 random data) on the
+first two devices:
   - copy: `jax.device_put` of a [N] array from device 0 to device 1;
   - all_to_all: `jax.lax.all_to_all` inside `jax.shard_map` over 2 devices, each sending half of
     its [N] shard to the other;
-  - ragged_all_to_all: the same exchange through `jax.lax.ragged_all_to_all` (the EP default on GPU).
+  - ragged_all_to_all: the same exchange through `jax.lax.ragged_all_to_all` (EP's "ragged").
 GB/s counts the bytes that cross between the devices (copy: N; the exchanges: N/2 each way).
 """
 
 import argparse
 import json
 import shutil
-import statistics
 import subprocess
-import time
 
 import jax
 import jax.numpy as jnp
@@ -23,15 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-
-def _median_s(fn, *args) -> float:
-    jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from benchmarks.sol import median_seconds
 
 
 def main(argv=None) -> dict:
@@ -55,7 +46,7 @@ def main(argv=None) -> dict:
         )
         result["topology"] = topo.stdout
         print(topo.stdout)
-    seconds = _median_s(lambda a: jax.device_put(a, devices[1]), x0)
+    seconds = median_seconds(lambda a: jax.device_put(a, devices[1]), x0, repeats=5)
     result["copy_gbps"] = rows * 1024 * 2 / seconds / 1e9
 
     both = jax.device_put(
@@ -77,7 +68,7 @@ def main(argv=None) -> dict:
 
     for name, body in (("all_to_all", a2a), ("ragged_all_to_all", ragged)):
         fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
-        seconds = _median_s(fn, both)
+        seconds = median_seconds(fn, both, repeats=5)
         result[f"{name}_gbps"] = rows * 1024 * 2 / 2 / seconds / 1e9
         result[f"{name}_ms"] = seconds * 1e3
     for key in ("copy_gbps", "all_to_all_gbps", "ragged_all_to_all_gbps"):
