@@ -67,12 +67,13 @@ def _pallas(activation, topk_idx):
     )
 
 
-def _reference64(activation, x, topk_idx, topk_weight, params, cotangent):
-    """(out, grads) of the float64 reference at the same (rounded) input values."""
+def _reference64(activation, x, topk_idx, topk_weight, params, cotangent, h_dtype=None):
+    """(out, grads) of the float64 reference at the same (rounded) input values; `h_dtype` rounds
+    its h like kernels that store h in that dtype."""
     with jax.enable_x64(True):
         up = lambda a: jnp.asarray(np.asarray(a, np.float64))
         fn = lambda x, w, p: moe_experts_reference(
-            x, topk_idx, w, p, activation=activation, dtype=jnp.float64
+            x, topk_idx, w, p, activation=activation, dtype=jnp.float64, h_dtype=h_dtype
         )
         args = (up(x), up(topk_weight), jax.tree.map(up, params))
         out = np.asarray(fn(*args))
@@ -204,14 +205,7 @@ def test_mosaic_gpu_layer_matches_reference(activation, mode):
     )
     out = jax.jit(layer)(x, w, params)
     _, grads = jax.jit(lambda *a: _loss_and_grads(layer, *a, cotangent))(x, w, params)
-    with jax.enable_x64(True):
-        up = lambda a: jnp.asarray(np.asarray(a, np.float64))
-        oracle = lambda x, w, p: moe_experts_reference(
-            x, idx, w, p, activation=activation, dtype=jnp.float64, h_dtype=jnp.bfloat16
-        )
-        args = (up(x), up(w), jax.tree.map(up, params))
-        ref = np.asarray(oracle(*args))
-        _, ref_grads = _loss_and_grads(oracle, *args, up(cotangent))
+    ref, ref_grads = _reference64(activation, x, idx, w, params, cotangent, h_dtype=jnp.bfloat16)
     assert out.dtype == x.dtype and _rel_err(out, ref) < TOL[jnp.bfloat16]
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
         assert _rel_err(got, want) < GRAD_TOL[jnp.bfloat16]
