@@ -1,11 +1,18 @@
-"""Autotune the gmm / tgmm block configs per shape class and rewrite the table in
-moe_pallas/kernels/config.py (between its BEGIN/END TABLE markers).
+"""Autotune the grouped-matmul block configs per shape class on the layer's own calls and rewrite
+the table in moe_pallas/kernels/config.py (between its BEGIN/END TABLE markers).
 
-Each class is timed at a gpt-oss gate_up shape (K = 2880, N = 5760, E = 128; gmm_t is the
-transposed-rhs product of the input gradient) with a row count of its class; the fastest candidate
-wins. Run on the GPU the table is for:
+Each (kernel, class) is timed on the calls the fused layer makes, at both seed workloads (gpt-oss:
+H = I = 2880, E = 128, k = 4, biases; SwiGLU: H = 4096, I = 2048, E = 256, k = 8) with uniform
+random routing at the class's token count; the candidate with the least total time wins:
 
-    PYTHONPATH=. python3 benchmarks/autotune_gmm.py --write moe_pallas/kernels/config.py
+  gmm      gate_up → h (in-kernel row gather, bias) and down (bias, routing-weight row scale)
+  gmm_glu  gate_up with the GLU epilogue (the no-gradient forward)
+  gmm_t    dx = dh @ w_gate_upᵀ
+  tgmm     d w_down = aᵀ dy and d w_gate_up = x[row_token]ᵀ dh
+
+Run on the GPU the table is for:
+
+    PYTHONPATH=. python3 benchmarks/autotune_gmm.py --classes small --write moe_pallas/kernels/config.py
 """
 
 import argparse
@@ -23,7 +30,7 @@ from moe_pallas.kernels import config as _config
 from moe_pallas.kernels import gmm, tgmm
 
 C = _config.BlockConfig
-CANDIDATES = {
+GMM_CANDIDATES = {
     "tiny": [
         C(16, 64, 128, 8, 4, 4),
         C(16, 32, 128, 8, 4, 4),
@@ -36,8 +43,8 @@ CANDIDATES = {
         C(64, 256, 64, 8, 8, 3),
         C(128, 128, 64, 8, 4, 4),
         C(128, 256, 64, 8, 8, 3),
-        C(64, 128, 128, 8, 4, 3),
-        C(64, 256, 64, 8, 4, 4),
+        C(128, 128, 128, 8, 8, 3),
+        C(128, 64, 128, 8, 4, 4),
         C(128, 256, 64, 8, 8, 4),
     ],
     "large": [
@@ -48,69 +55,146 @@ CANDIDATES = {
         C(128, 128, 128, 8, 8, 3),
     ],
 }
+# A GLU tile reads 2·block_n weight columns: the same tiles with half the output columns, and more.
+GLU_CANDIDATES = {
+    cls: [
+        *(dataclasses.replace(c, block_n=c.block_n // 2) for c in cands),
+        *(c for c in cands if c.block_n <= 64),
+    ]
+    for cls, cands in GMM_CANDIDATES.items()
+}
 TGMM_CANDIDATES = [
+    C(32, 128, 128, 1, 4, 4),
+    C(64, 128, 128, 1, 4, 3),
+    C(32, 128, 128, 4, 4, 4),
+    C(32, 128, 128, 16, 4, 4),
     C(64, 128, 128, 8, 4, 3),
     C(64, 128, 64, 8, 4, 4),
-    C(128, 128, 128, 8, 8, 3),
-    C(32, 128, 128, 8, 4, 4),
-    C(64, 256, 128, 8, 8, 3),
+    C(64, 256, 128, 4, 8, 3),
+    C(128, 128, 128, 4, 8, 3),
     C(32, 256, 128, 8, 8, 3),
-    C(16, 128, 128, 8, 4, 4),
-    C(32, 128, 64, 8, 4, 4),
+    C(16, 128, 128, 16, 4, 4),
 ]
-TOKENS = {"tiny": 64, "small": 2048, "large": 16384}
-K_DIM, N_DIM, E, TOP_K = 2880, 5760, 128, 4
+TOKENS = {"tiny": 64, "small": 2048, "large": {"gptoss": 16384, "swiglu": 8192}}
+WORKLOADS = {  # (H, I, E, k, biases)
+    "gptoss": (2880, 2880, 128, 4, True),
+    "swiglu": (4096, 2048, 256, 8, False),
+}
 
 
-def _problem(t):
-    k1, k2, k3, k4 = jax.random.split(jax.random.key(t), 4)
-    sizes = dispatch.dispatch(jax.random.randint(k1, (t, TOP_K), 0, E, jnp.int32), E).group_sizes
-    m = t * TOP_K
-    lhs = jax.random.normal(k2, (m, K_DIM), jnp.bfloat16)
-    rhs = jax.random.normal(k3, (E, K_DIM, N_DIM), jnp.bfloat16)
-    d_out = jax.random.normal(k4, (m, N_DIM), jnp.bfloat16)
-    return lhs, rhs, d_out, sizes
-
-
-def _ops(cfg):
-    return {
-        "gmm": (lambda x, w, s: gmm(x, w, s, config=cfg), "lhs", "rhs"),
-        "gmm_t": (lambda dy, w, s: gmm(dy, w, s, transpose_rhs=True, config=cfg), "d_out", "rhs"),
-        "tgmm": (lambda x, dy, s: tgmm(x, dy, s, config=cfg), "lhs", "d_out"),
+def _problem(workload, tokens):
+    """The arrays of one layer step, dispatched: x, weights, biases, h, a, dh, dy, metadata."""
+    hidden, inter, experts, top_k, biases = WORKLOADS[workload]
+    keys = iter(jax.random.split(jax.random.key(tokens), 10))
+    bf16 = jnp.bfloat16
+    d = dispatch.dispatch(
+        jax.random.randint(next(keys), (tokens, top_k), 0, experts, jnp.int32), experts
+    )
+    m = tokens * top_k
+    p = {
+        "x": jax.random.normal(next(keys), (tokens, hidden), bf16),
+        "w_gate_up": jax.random.normal(next(keys), (experts, hidden, 2 * inter), bf16) * 0.02,
+        "w_down": jax.random.normal(next(keys), (experts, inter, hidden), bf16) * 0.02,
+        "h": jax.random.normal(next(keys), (m, 2 * inter), bf16),
+        "a": jax.random.normal(next(keys), (m, inter), bf16),
+        "dy": jax.random.normal(next(keys), (m, hidden), bf16),
+        "row_weight": jax.random.uniform(next(keys), (m,), jnp.float32),
+        "row_token": d.row_token,
+        "sizes": d.group_sizes,
     }
+    p["dh"] = p["h"]
+    if biases:
+        p["b_gate_up"] = jax.random.normal(next(keys), (experts, 2 * inter), bf16)
+        p["b_down"] = jax.random.normal(next(keys), (experts, hidden), bf16)
+    p["activation"] = "gptoss" if workload == "gptoss" else "swiglu"
+    return p
 
 
-def tune(kernels, classes):
+def _calls(kernel, cfg, p):
+    """[(op(carry, *args), carry, args)] of one kernel's layer calls with config cfg."""
+    bias_gu, bias_d = p.get("b_gate_up"), p.get("b_down")
+    if kernel == "gmm":
+        return [
+            (
+                lambda x, w, s, r: gmm(x, w, s, lhs_row_index=r, bias=bias_gu, config=cfg),
+                p["x"],
+                (p["w_gate_up"], p["sizes"], p["row_token"]),
+            ),
+            (
+                lambda a, w, s, rw: gmm(a, w, s, bias=bias_d, row_scale=rw, config=cfg),
+                p["a"],
+                (p["w_down"], p["sizes"], p["row_weight"]),
+            ),
+        ]
+    if kernel == "gmm_glu":
+        act = p["activation"]
+        return [
+            (
+                lambda x, w, s, r: gmm(
+                    x, w, s, lhs_row_index=r, bias=bias_gu, activation=act, config=cfg
+                ),
+                p["x"],
+                (p["w_gate_up"], p["sizes"], p["row_token"]),
+            )
+        ]
+    if kernel == "gmm_t":
+        return [
+            (
+                lambda dh, w, s: gmm(dh, w, s, transpose_rhs=True, config=cfg),
+                p["dh"],
+                (p["w_gate_up"], p["sizes"]),
+            )
+        ]
+    if kernel == "tgmm":
+        return [
+            (lambda a, dy, s: tgmm(a, dy, s, config=cfg), p["a"], (p["dy"], p["sizes"])),
+            (
+                lambda x, dh, s, r: tgmm(x, dh, s, lhs_row_index=r, config=cfg),
+                p["x"],
+                (p["dh"], p["sizes"], p["row_token"]),
+            ),
+        ]
+    raise ValueError(kernel)
+
+
+def _candidates(kernel, cls):
+    if kernel == "tgmm":
+        return TGMM_CANDIDATES
+    return (GLU_CANDIDATES if kernel == "gmm_glu" else GMM_CANDIDATES)[cls]
+
+
+def tune(kernels, classes, workloads):
     table = dict(_config._TABLE)
     log = []
     for cls in classes:
-        lhs, rhs, d_out, sizes = _problem(TOKENS[cls])
-        arrays = {"lhs": lhs, "rhs": rhs, "d_out": d_out}
+        problems = {}
+        for w in workloads:
+            tokens = TOKENS[cls]
+            problems[w] = _problem(w, tokens[w] if isinstance(tokens, dict) else tokens)
         for kernel in kernels:
             best = None
-            for cfg in TGMM_CANDIDATES if kernel == "tgmm" else CANDIDATES[cls]:
-                fn, a, b = _ops(cfg)[kernel]
+            for cfg in _candidates(kernel, cls):
+                entry = {"kernel": kernel, "cls": cls, "cfg": dataclasses.asdict(cfg)}
                 try:
-                    s = time_op(fn, arrays[a], arrays[b], sizes, target_s=0.03)
+                    per_workload = {
+                        w: sum(
+                            time_op(op, carry, *args, target_s=0.03) * 1e3
+                            for op, carry, args in _calls(kernel, cfg, p)
+                        )
+                        for w, p in problems.items()
+                    }
                 except Exception as err:  # noqa: BLE001 - e.g. shared memory exceeded
-                    log.append(
-                        {
-                            "kernel": kernel,
-                            "cls": cls,
-                            "cfg": dataclasses.asdict(cfg),
-                            "error": str(err)[:200],
-                        }
-                    )
+                    log.append({**entry, "error": str(err)[:200]})
+                    print(f"{kernel:7} {cls:6} {cfg} failed: {str(err)[:100]}", flush=True)
                     continue
-                log.append(
-                    {"kernel": kernel, "cls": cls, "cfg": dataclasses.asdict(cfg), "ms": s * 1e3}
-                )
-                print(f"{kernel:6} {cls:6} {cfg} {s * 1e3:.3f} ms", flush=True)
-                if best is None or s < best[0]:
-                    best = (s, cfg)
+                total = sum(per_workload.values())
+                log.append({**entry, "ms": per_workload, "total_ms": total})
+                print(f"{kernel:7} {cls:6} {cfg} {per_workload} {total:.3f} ms", flush=True)
+                if best is None or total < best[0]:
+                    best = (total, cfg)
             if best is not None:
                 table[(kernel, cls)] = best[1]
-        del lhs, rhs, d_out
+        del problems
     return table, log
 
 
@@ -128,10 +212,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", help="config.py to rewrite (default: print the table only)")
     parser.add_argument("--log", default="gmm_autotune.json")
-    parser.add_argument("--kernels", nargs="+", default=["gmm", "gmm_t", "tgmm"])
+    parser.add_argument("--kernels", nargs="+", default=["gmm", "gmm_glu", "gmm_t", "tgmm"])
     parser.add_argument("--classes", nargs="+", default=list(TOKENS))
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     args = parser.parse_args()
-    table, log = tune(args.kernels, args.classes)
+    table, log = tune(args.kernels, args.classes, args.workloads)
     with open(args.log, "w") as f:
         json.dump(
             {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "log": log},

@@ -10,7 +10,8 @@
 #   demo    python -m moe_pallas demo at seed shapes
 #   gmm     gmm/tgmm kernels at both workloads' shapes                     -> $OUT/gmm.json
 #   mgpu    Mosaic GPU gmm next to Triton                                  -> $OUT/gmm_mgpu.json
-#   autotune  the gmm/tgmm block table for AUTOTUNE_CLASSES (default small) -> $OUT/config.py
+#   autotune  the gmm/tgmm block table for AUTOTUNE_CLASSES (default small) -> $OUT/config.py;
+#           AUTOTUNE_APPLY=1 copies it into moe_pallas/kernels/config.py for the later steps
 #   layer   fwd+bwd of the layer, per-kernel breakdown, memory             -> $OUT/layer.json
 #   fuzz    the long hypothesis profile, time-capped                       -> $OUT/fuzz.json
 #   memory  peak memory of fwd and fwd+bwd at the largest seed cases      -> $OUT/memory.json
@@ -19,7 +20,7 @@
 # (each step's limit: <STEP>_S seconds, e.g. SUITES_S=150; TESTS=<files> picks the test files in
 # that order, SUITES_IMPLS the suites' implementations (e.g. moe_pallas:pallas_triton,moe_pallas:mosaic_gpu),
 # TEST_TIMEOUT caps each test (pytest-timeout, on the device image), TRAIN_ARGS the
-# train options).
+# train options, LAYER_ARGS bench_layer's).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to the output folder}"
@@ -48,8 +49,9 @@ run_step() {
     mgpu)   step "${MGPU_S:-300}" python3 benchmarks/bench_gmm_mgpu.py --out "$OUT/gmm_mgpu.json" ;;
     autotune) cp moe_pallas/kernels/config.py "$OUT/config.py"
             step "${AUTOTUNE_S:-240}" python3 benchmarks/autotune_gmm.py \
-              --classes ${AUTOTUNE_CLASSES:-small} --write "$OUT/config.py" --log "$OUT/autotune.json" ;;
-    layer)  step "${LAYER_S:-180}" python3 benchmarks/bench_layer.py --out "$OUT/layer.json" ;;
+              --classes ${AUTOTUNE_CLASSES:-small} --write "$OUT/config.py" --log "$OUT/autotune.json"
+            if [ "${AUTOTUNE_APPLY:-0}" = 1 ]; then cp "$OUT/config.py" moe_pallas/kernels/config.py; fi ;;
+    layer)  step "${LAYER_S:-180}" python3 benchmarks/bench_layer.py --out "$OUT/layer.json" ${LAYER_ARGS:-} ;;
     fuzz)   FUZZ_REPORT="$OUT/fuzz.json" step "${FUZZ_S:-300}" python3 -m pytest tests/test_fuzz.py \
               --long --fuzz-minutes "$(( ${FUZZ_S:-300} / 60 - 1 ))" -q -p no:cacheprovider ;;
     memory) step "${MEMORY_S:-180}" python3 -m benchmarks.bench_memory --out "$OUT/memory.json" ;;

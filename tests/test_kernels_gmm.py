@@ -4,6 +4,7 @@ Interpret mode fills pallas_call outputs with NaN before the kernel runs, so `re
 rejects NaN) also proves every output element was written.
 """
 
+import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -223,6 +224,22 @@ def test_tgmm(m, k, n, g, mode, dtype):
     out = tgmm(lhs, rhs, jnp.asarray(sizes), config=CFG)
     assert out.shape == (g, k, n) and out.dtype == dtype
     assert rel_err(out, tgmm64(lhs, rhs, sizes)) < _tol(dtype)
+    assert not np.asarray(out[sizes == 0]).any(), "empty groups must give exact zeros"
+
+
+@pytest.mark.parametrize("tiles_per_program", [1, 3, 8])
+def test_tgmm_tiles_per_program(tiles_per_program):
+    """A program walks group_m output tiles (here 4 n-tiles: chunks of 1, 3 + 1, one short 4)."""
+    rng = np.random.default_rng(tiles_per_program)
+    m, k, n, g = 45, 24, 112, 6
+    lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+    rhs = jnp.asarray(rng.standard_normal((m, n)), jnp.float32)
+    sizes = random_group_sizes(rng, g, m - 3)
+    sizes[[1, 4]] += sizes[[0, 3]]
+    sizes[[0, 3]] = 0  # empty groups, one of them first
+    cfg = dataclasses.replace(CFG, group_m=tiles_per_program)
+    out = tgmm(lhs, rhs, jnp.asarray(sizes), config=cfg)
+    assert rel_err(out, tgmm64(lhs, rhs, sizes)) < _tol(jnp.float32)
     assert not np.asarray(out[sizes == 0]).any(), "empty groups must give exact zeros"
 
 

@@ -1,7 +1,9 @@
 """Block configurations of the grouped matmuls, per shape class, for the H200.
 
 The table below is rewritten by `benchmarks/autotune_gmm.py`; edit it there, not by hand.
-Shape class: the kernel ("gmm", "gmm_t" for the transposed-rhs gmm, "tgmm") and the average number
+Shape class: the kernel ("gmm", "gmm_glu" for gmm with a GLU epilogue, whose block_n counts output
+columns, i.e. half the weight columns a tile reads; "gmm_t" for the transposed-rhs gmm; "tgmm")
+and the average number
 of rows per group (`rows_class`): few rows per group are weight-bandwidth bound (small block_m,
 narrow block_n so every SM streams a slice of the weights), many rows are compute bound.
 """
@@ -14,7 +16,9 @@ class BlockConfig:
     block_m: int = 64
     block_n: int = 128
     block_k: int = 64
-    group_m: int = 8  # m-tiles walked together across n (weight slabs reused from L2)
+    # gmm, dlhs_glu: m-tiles walked together across n (weight slabs reused from L2);
+    # tgmm: output n-tiles one program walks in one pipelined loop.
+    group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
 
@@ -37,12 +41,15 @@ _TABLE: dict[tuple[str, str], BlockConfig] = {
     ("gmm", "large"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
     ("gmm", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
     ("gmm", "tiny"): BlockConfig(16, 128, 128, group_m=8, num_warps=4, num_stages=3),
+    ("gmm_glu", "large"): BlockConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3),
+    ("gmm_glu", "small"): BlockConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3),
+    ("gmm_glu", "tiny"): BlockConfig(16, 64, 128, group_m=8, num_warps=4, num_stages=3),
     ("gmm_t", "large"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
     ("gmm_t", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
     ("gmm_t", "tiny"): BlockConfig(16, 64, 128, group_m=8, num_warps=4, num_stages=4),
-    ("tgmm", "large"): BlockConfig(32, 128, 128, group_m=8, num_warps=4, num_stages=4),
-    ("tgmm", "small"): BlockConfig(32, 128, 128, group_m=8, num_warps=4, num_stages=4),
-    ("tgmm", "tiny"): BlockConfig(32, 128, 128, group_m=8, num_warps=4, num_stages=4),
+    ("tgmm", "large"): BlockConfig(32, 128, 128, group_m=1, num_warps=4, num_stages=4),
+    ("tgmm", "small"): BlockConfig(32, 128, 128, group_m=1, num_warps=4, num_stages=4),
+    ("tgmm", "tiny"): BlockConfig(32, 128, 128, group_m=1, num_warps=4, num_stages=4),
 }
 # END TABLE
 
@@ -68,6 +75,7 @@ def pick(kernel: str, num_rows: int, num_groups: int, k: int, n: int) -> BlockCo
     """
     cfg = _TABLE[(kernel, rows_class(num_rows, num_groups))].fit(num_rows, k, n)
     if kernel != "tgmm":
-        while cfg.block_n > 32 and min(num_rows, num_groups) * -(-n // cfg.block_n) < _MIN_PROGRAMS:
+        min_block_n = 16 if kernel == "gmm_glu" else 32  # a GLU tile reads 2·block_n columns
+        while cfg.block_n > min_block_n and min(num_rows, num_groups) * -(-n // cfg.block_n) < _MIN_PROGRAMS:
             cfg = dataclasses.replace(cfg, block_n=cfg.block_n // 2)
     return cfg

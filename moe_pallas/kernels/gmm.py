@@ -19,7 +19,6 @@ expert's weights over all SMs (bandwidth-bound case). Triton needs power-of-2 bl
 tails are masked.
 """
 
-import dataclasses
 import functools
 
 import jax
@@ -153,16 +152,12 @@ def _gmm_kernel(
             k0 = i * bk
             ks = k0 + jnp.arange(bk, dtype=jnp.int32)
             k_mask = ks < k_dim if k_dim % bk else None
+            # Rows outside the visit are not loaded: a group of 64 rows fills half a 128-row tile.
+            a_mask = _and(row_ok[:, None], None if k_mask is None else k_mask[None, :])
             if gather:
-                a = _load(
-                    lhs_ref.at[src[:, None], ks[None, :]],
-                    None if k_mask is None else k_mask[None, :],
-                )
+                a = _load(lhs_ref.at[src[:, None], ks[None, :]], a_mask)
             else:
-                a = _load(
-                    lhs_ref.at[pl.ds(m0, bm), pl.ds(k0, bk)],
-                    _and(row_ok[:, None], None if k_mask is None else k_mask[None, :]),
-                )
+                a = _load(lhs_ref.at[pl.ds(m0, bm), pl.ds(k0, bk)], a_mask)
             a = a.astype(compute_dtype)
             new = []
             for acc, (c0, width, c_mask) in zip(accs, blocks):
@@ -259,9 +254,8 @@ def gmm(
 
     kernel_name = "gmm_t" if transpose_rhs else "gmm"
     if config is None:
-        config = _config.pick(kernel_name, num_rows, num_groups, k_dim, n_out)
-        if activation:  # a GLU tile reads 2·block_n weight columns: keep the table's tile size
-            config = dataclasses.replace(config, block_n=max(16, config.block_n // 2))
+        table_key = "gmm_glu" if activation else kernel_name
+        config = _config.pick(table_key, num_rows, num_groups, k_dim, n_out)
     cfg = config.fit(num_rows, k_dim, n_out)
     sched = dispatch.tile_schedule(clamp_group_sizes(group_sizes, num_rows), num_rows, cfg.block_m)
     num_visits = sched.group.shape[0]

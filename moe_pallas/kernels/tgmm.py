@@ -5,10 +5,13 @@ Math. Rows m in [0, M) are split into contiguous groups by `group_sizes`; for ea
 src(m) = lhs_row_index[m] if given (gathered in the kernel) else m. This is the weight gradient of
 `gmm`. Empty groups give exact zeros; rows past sum(group_sizes) contribute nothing.
 
-Tiling. A 3-D grid (n-tile, k-tile, group), n fastest so that the programs of one group run
-together and share its rows from L2. Each program owns one [block_k, block_n] output tile and loops
-over its group's rows in block_m steps (a dynamic trip count; the first and last steps are
-masked, the group start need not be aligned). K and N tails are masked.
+Tiling. A 3-D grid (n-chunk, k-tile, group), n fastest so that the programs of one group run
+together and share its rows from L2. Each program owns `group_m` consecutive [block_k, block_n]
+output tiles of one k-tile and walks them in one loop over (tile, row step) pairs, the group's rows
+in block_m steps (a dynamic trip count; the last step is masked, the group start need not be
+aligned): with a few dozen rows per group a program per tile would be a two-step loop, all
+latency and no pipelining, so the chunk keeps loads in flight across tiles. K and N tails are
+masked.
 """
 
 import functools
@@ -31,16 +34,38 @@ def _tgmm_kernel(
     else:
         group_offsets_ref, lhs_ref, rhs_ref, out_ref = refs
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    n0 = pl.program_id(0) * bn
+    n_tiles = pl.cdiv(n_dim, bn)
+    first_tile = pl.program_id(0) * cfg.group_m
+    num_tiles = jnp.minimum(cfg.group_m, n_tiles - first_tile)
     k0 = pl.program_id(1) * bk
     g = pl.program_id(2)
     start, end = group_offsets_ref[g], group_offsets_ref[g + 1]
+    steps = pl.cdiv(end - start, bm)
     ks = k0 + jnp.arange(bk, dtype=jnp.int32)
-    ns = n0 + jnp.arange(bn, dtype=jnp.int32)
     k_mask = (ks < k_dim)[None, :] if k_dim % bk else None
-    n_mask = (ns < n_dim)[None, :] if n_dim % bn else None
 
-    def body(i, acc):
+    def store(tile, acc):
+        ns = tile * bn + jnp.arange(bn, dtype=jnp.int32)
+        mask = None
+        if k_dim % bk or n_dim % bn:
+            mask = (ks < k_dim)[:, None] & (ns < n_dim)[None, :]
+        plgpu.store(
+            out_ref.at[g, pl.ds(k0, bk), pl.ds(tile * bn, bn)], acc.astype(out_ref.dtype), mask=mask
+        )
+
+    @pl.when(steps == 0)
+    def _empty_group():
+        @pl.loop(0, num_tiles)
+        def _zero_tile(j):
+            store(first_tile + j, jnp.zeros((bk, bn), jnp.float32))
+
+    # One loop over (tile j, row step i) pairs, i fastest: the loads of the next pair are in flight
+    # while this one multiplies, also across tiles (a group of a few dozen rows is one or two row
+    # steps, too short a loop to pipeline per tile). The accumulator restarts at i == 0.
+    def body(it, acc):
+        j = jax.lax.div(it, steps)
+        i = it - j * steps
+        n0 = (first_tile + j) * bn
         r0 = start + i * bm
         row_ok = (r0 + jnp.arange(bm, dtype=jnp.int32) < end)[:, None]
         a_mask = row_ok if k_mask is None else row_ok & k_mask
@@ -49,19 +74,20 @@ def _tgmm_kernel(
             a = plgpu.load(lhs_ref.at[src[:, None], ks[None, :]], mask=a_mask, other=0)
         else:
             a = plgpu.load(lhs_ref.at[pl.ds(r0, bm), pl.ds(k0, bk)], mask=a_mask, other=0)
-        b_mask = row_ok if n_mask is None else row_ok & n_mask
+        ns = n0 + jnp.arange(bn, dtype=jnp.int32)
+        b_mask = row_ok if n_dim % bn == 0 else row_ok & (ns < n_dim)[None, :]
         b = plgpu.load(rhs_ref.at[pl.ds(r0, bm), pl.ds(n0, bn)], mask=b_mask, other=0)
-        return acc + plgpu.dot(a.astype(compute_dtype), b.astype(compute_dtype), trans_a=True)
+        acc = jnp.where(i == 0, 0.0, acc) + plgpu.dot(
+            a.astype(compute_dtype), b.astype(compute_dtype), trans_a=True
+        )
 
-    acc = jax.lax.fori_loop(0, pl.cdiv(end - start, bm), body, jnp.zeros((bk, bn), jnp.float32))
-    out_mask = (
-        None
-        if k_mask is None and n_mask is None
-        else ((ks < k_dim)[:, None] & (ns < n_dim)[None, :])
-    )
-    plgpu.store(
-        out_ref.at[g, pl.ds(k0, bk), pl.ds(n0, bn)], acc.astype(out_ref.dtype), mask=out_mask
-    )
+        @pl.when(i == steps - 1)
+        def _last_step():
+            store(first_tile + j, acc)
+
+        return acc
+
+    jax.lax.fori_loop(0, steps * num_tiles, body, jnp.zeros((bk, bn), jnp.float32))
 
 
 def tgmm(
@@ -113,7 +139,11 @@ def tgmm(
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((num_groups, k_dim, n_dim), out_dtype),
-        grid=(pl.cdiv(n_dim, cfg.block_n), pl.cdiv(k_dim, cfg.block_k), num_groups),
+        grid=(
+            pl.cdiv(pl.cdiv(n_dim, cfg.block_n), cfg.group_m),
+            pl.cdiv(k_dim, cfg.block_k),
+            num_groups,
+        ),
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=_backend.interpret_mode(),
         name="tgmm",
