@@ -5,6 +5,7 @@ rejects NaN) also proves every output element was written.
 """
 
 import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -76,6 +76,9 @@ def pick(kernel: str, num_rows: int, num_groups: int, k: int, n: int) -> BlockCo
     cfg = _TABLE[(kernel, rows_class(num_rows, num_groups))].fit(num_rows, k, n)
     if kernel != "tgmm":
         min_block_n = 16 if kernel == "gmm_glu" else 32  # a GLU tile reads 2·block_n columns
-        while cfg.block_n > min_block_n and min(num_rows, num_groups) * -(-n // cfg.block_n) < _MIN_PROGRAMS:
+        while (
+            cfg.block_n > min_block_n
+            and min(num_rows, num_groups) * -(-n // cfg.block_n) < _MIN_PROGRAMS
+        ):
             cfg = dataclasses.replace(cfg, block_n=cfg.block_n // 2)
     return cfg
