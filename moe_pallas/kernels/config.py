@@ -39,16 +39,16 @@ class BlockConfig:
 # BEGIN TABLE (autotune_gmm.py)
 _TABLE: dict[tuple[str, str], BlockConfig] = {
     ("gmm", "large"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
-    ("gmm", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
+    ("gmm", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4),
     ("gmm", "tiny"): BlockConfig(16, 128, 128, group_m=8, num_warps=4, num_stages=3),
     ("gmm_glu", "large"): BlockConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3),
-    ("gmm_glu", "small"): BlockConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3),
+    ("gmm_glu", "small"): BlockConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4),
     ("gmm_glu", "tiny"): BlockConfig(16, 64, 128, group_m=8, num_warps=4, num_stages=3),
     ("gmm_t", "large"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
-    ("gmm_t", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
+    ("gmm_t", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4),
     ("gmm_t", "tiny"): BlockConfig(16, 64, 128, group_m=8, num_warps=4, num_stages=4),
     ("tgmm", "large"): BlockConfig(32, 128, 128, group_m=1, num_warps=4, num_stages=4),
-    ("tgmm", "small"): BlockConfig(32, 128, 128, group_m=1, num_warps=4, num_stages=4),
+    ("tgmm", "small"): BlockConfig(64, 128, 128, group_m=8, num_warps=4, num_stages=3),
     ("tgmm", "tiny"): BlockConfig(32, 128, 128, group_m=1, num_warps=4, num_stages=4),
 }
 # END TABLE
