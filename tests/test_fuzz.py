@@ -11,8 +11,8 @@ never-written element fails).
 Profiles: "ci" (default, 60 examples per test, ~3 min on 2 CPU cores) and "long" (10,000 per
 test), chosen by `--long` or HYPOTHESIS_PROFILE=long (loaded when this module is imported, so it
 applies to every hypothesis test of the session). `--fuzz-minutes M` shares M minutes among
-the fuzz tests: a test past its share stops checking (the remaining examples pass unchecked and
-are not counted). FUZZ_REPORT=path.json writes per test: examples checked, seconds, first failure.
+the fuzz tests: a test past its share ends as skipped (the examples it checked passed; the
+report counts them). FUZZ_REPORT=path.json writes per test: examples checked, seconds, first failure.
 """
 
 import functools
@@ -115,8 +115,11 @@ class _Example:
         return False
 
 
-def _out_of_time() -> bool:
-    return time.monotonic() > _stop[0]
+def _stop_when_out_of_time() -> None:
+    """End this test past its --fuzz-minutes share: hypothesis re-raises pytest's skip at once,
+    where returning would still draw every remaining example (minutes at 10,000 a test)."""
+    if time.monotonic() > _stop[0]:
+        pytest.skip("--fuzz-minutes share used up; FUZZ_REPORT counts the examples checked")
 
 
 def _rel_err(got, want) -> float:
@@ -189,8 +192,7 @@ def _tgmm_vjp(lhs, rhs, sizes, d_out, impl):
 )
 def test_ragged_dot_matches_float64(seed, shape, dtype, kind, tail, impl):
     """ragged_dot forward, d lhs and d rhs against float64, with rows past the groups (tail)."""
-    if _out_of_time():
-        return
+    _stop_when_out_of_time()
     with _Example(
         "test_ragged_dot_matches_float64",
         seed=seed,
@@ -226,8 +228,7 @@ def test_ragged_dot_matches_float64(seed, shape, dtype, kind, tail, impl):
 )
 def test_tgmm_matches_float64(seed, shape, dtype, kind, tail):
     """tgmm (= ragged_dot's d rhs) forward and its gradients against float64."""
-    if _out_of_time():
-        return
+    _stop_when_out_of_time()
     with _Example(
         "test_tgmm_matches_float64", seed=seed, shape=shape, dtype=dtype, kind=kind, tail=tail
     ):
@@ -294,8 +295,7 @@ EPILOGUES = [  # (gather, bias, row_scale, activation)
 )
 def test_gmm_epilogues_match_float64(seed, shape, kind, epilogue, block):
     """The fused path's gmm: in-kernel row gather, bias, GLU and row scale, small block configs."""
-    if _out_of_time():
-        return
+    _stop_when_out_of_time()
     with _Example(
         "test_gmm_epilogues_match_float64",
         seed=seed,
@@ -364,8 +364,7 @@ def _reference_grads(x, idx, w, params, d_out, activation, h_dtype=None):
 )
 def test_moe_experts_matches_float64(seed, shape, dtype, activation, kind):
     """The fused block (pallas_triton): out and the gradients of x, topk_weight and every param."""
-    if _out_of_time():
-        return
+    _stop_when_out_of_time()
     with _Example(
         "test_moe_experts_matches_float64",
         seed=seed,
@@ -439,8 +438,7 @@ def test_moe_experts_matches_float64(seed, shape, dtype, activation, kind):
 )
 def test_tile_schedule_covers_each_row_once(seed, num_groups, rows, block_m, kind, tail):
     """Every row lies in exactly one used visit, inside one m-tile that starts in its own group."""
-    if _out_of_time():
-        return
+    _stop_when_out_of_time()
     with _Example(
         "test_tile_schedule_covers_each_row_once",
         seed=seed,
