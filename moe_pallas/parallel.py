@@ -24,7 +24,7 @@ C = ceil(f*M/S) per pair, or B = ceil(f*M); rows past it are dropped. `None` (de
 drops: ragged sizes B for the worst case (every row to one shard, B = S*M: memory, not wire
 traffic); all_to_all sends a first round of C = ceil(1.25*M/S) rows per pair and, only if some
 pair on the mesh holds more, a second round with the remaining ranks [C, M) (worst-case size),
-under a `lax.cond` that every device evaluates alike. Dropped rows contribute zero; their count
+under a `lax.cond` that every device evaluates alike; the experts run once on both rounds' rows. Dropped rows contribute zero; their count
 is in the stats (`return_stats=True`, with the second round's rows as "spilled_rows"), and under
 `moe_pallas.debug_checks()` a drop raises.
 
@@ -120,11 +120,9 @@ def _meta(local_expert, weight):
     return jnp.stack([local_expert.astype(jnp.float32), weight.astype(jnp.float32)], axis=-1)
 
 
-def _all_to_all_round_trip(
-    x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity, first=0
-):
-    """Fixed slots: slot (d, c) of the [S*C] send buffer carries sorted row start[d] + first + c,
-    i.e. the rows of ranks [first, first + C) for each destination."""
+def _slots(x, weight, plan: _Plan, experts_per_shard, capacity, first):
+    """Send buffers [S*C, H] and [S*C, 2]: slot (d, c) carries sorted row start[d] + first + c,
+    i.e. the rows of ranks [first, first + C) for each destination; empty slots get a masked id."""
     num_shards, top_k = plan.counts.shape[0], weight.shape[1]
     slot = first + jnp.arange(capacity, dtype=jnp.int32)
     filled = slot[None, :] < plan.counts[:, None]  # [S, C]
@@ -136,14 +134,30 @@ def _all_to_all_round_trip(
     )
     x_send = jnp.where(filled[..., None], x[pair // top_k], 0).reshape(num_shards * capacity, -1)
     meta_send = _meta(local, jnp.where(filled, weight.reshape(-1)[pair], 0)).reshape(-1, 2)
-    x_recv, meta = (jax.lax.all_to_all(a, axis, 0, 0, tiled=True) for a in (x_send, meta_send))
+    return x_send, meta_send
+
+
+def _rows_back(y_back, plan: _Plan, capacity, first):
+    """(y_pair [M, H], kept [M]): each pair's row of the returned [S*C, H] slots, zero elsewhere."""
+    num_shards = plan.counts.shape[0]
+    kept = (plan.dest < num_shards) & (plan.rank >= first) & (plan.rank < first + capacity)
+    slot = jnp.where(kept, plan.dest * capacity + plan.rank - first, 0)
+    return jnp.where(kept[:, None], y_back[slot], 0), kept
+
+
+def _all_to_all(a, axis):
+    return jax.lax.all_to_all(a, axis, 0, 0, tiled=True)
+
+
+def _all_to_all_round_trip(
+    x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity
+):
+    """Fixed slots, C rows per (source, destination) pair; ranks past C are dropped."""
+    x_send, meta_send = _slots(x, weight, plan, experts_per_shard, capacity, 0)
+    x_recv, meta = _all_to_all(x_send, axis), _all_to_all(meta_send, axis)
     local_recv = meta[:, 0].astype(jnp.int32)
     y = apply(x_recv, local_recv, meta[:, 1].astype(weight.dtype))
-    y_back = jax.lax.all_to_all(y, axis, 0, 0, tiled=True)
-    kept = (plan.dest < num_shards) & (plan.rank >= first) & (plan.rank < first + capacity)
-    y_pair = jnp.where(
-        kept[:, None], y_back[jnp.where(kept, plan.dest * capacity + plan.rank - first, 0)], 0
-    )
+    y_pair, kept = _rows_back(_all_to_all(y, axis), plan, capacity, 0)
     return _RoundTrip(y_pair, kept, jnp.sum(local_recv < experts_per_shard, dtype=jnp.int32))
 
 
@@ -153,26 +167,47 @@ def _dropless_all_to_all_round_trip(
     """C rows per pair, then, only when some pair anywhere on the mesh holds more (a pmax over
     every axis, so all devices take the same branch and no collective waits for a peer that
     skipped it), a second all_to_all with the ranks [C, M) of every pair: dropless, with the
-    wire carrying S*C rows, not the S*M of one worst-case round, when the load is balanced."""
-    first = _all_to_all_round_trip(x, weight, plan, apply, axis, experts_per_shard, capacity)
-    spill = plan.order.shape[0] - capacity
+    wire carrying S*C rows, not the S*M of one worst-case round, when the load is balanced.
+
+    Only the collectives sit under `lax.cond`; the experts run once on both rounds' rows (the
+    second round's are masked when it is skipped, costing zero writes). With the experts inside
+    the cond, SwiGLU fwd+bwd on 2 H200s took 26.4 ms against 18.4 ms for one worst-case round
+    (benchmarks/results/2026-11-30_h200_session3/), presumably because the cond's gradient
+    returns zeros for every local weight from the untaken branch and adds them (not profiled).
+    """
+    rows = plan.order.shape[0]
+    spill = rows - capacity
     if spill <= 0:
-        return first
+        return _all_to_all_round_trip(x, weight, plan, apply, axis, experts_per_shard, capacity)
+    num_shards = plan.counts.shape[0]
     overflow = jax.lax.pmax(jnp.max(plan.counts), mesh_axes) > capacity
-    second = jax.lax.cond(
-        overflow,
-        lambda: _all_to_all_round_trip(
-            x, weight, plan, apply, axis, experts_per_shard, spill, first=capacity
-        ),
-        lambda: _RoundTrip(
-            jnp.zeros_like(first.y_pair), jnp.zeros_like(first.kept), jnp.zeros_like(first.received)
-        ),
+    first = [_all_to_all(a, axis) for a in _slots(x, weight, plan, experts_per_shard, capacity, 0)]
+
+    def second_round():
+        sent = _slots(x, weight, plan, experts_per_shard, spill, capacity)
+        return tuple(_all_to_all(a, axis) for a in sent)
+
+    def skipped():  # what a round of empty slots would deliver
+        slots = num_shards * spill
+        masked = _meta(jnp.full((slots,), experts_per_shard), jnp.zeros((slots,)))
+        return jnp.zeros((slots, x.shape[1]), x.dtype), masked
+
+    second = jax.lax.cond(overflow, second_round, skipped)
+    x_recv, meta = (jnp.concatenate(pair) for pair in zip(first, second))
+    local_recv = meta[:, 0].astype(jnp.int32)
+    y = apply(x_recv, local_recv, meta[:, 1].astype(weight.dtype))
+    split = num_shards * capacity
+    y_first, kept_first = _rows_back(_all_to_all(y[:split], axis), plan, capacity, 0)
+    y_second_back = jax.lax.cond(
+        overflow, lambda: _all_to_all(y[split:], axis), lambda: jnp.zeros_like(y[split:])
     )
+    y_second, kept_second = _rows_back(y_second_back, plan, spill, capacity)
+    computed = local_recv < experts_per_shard
     return _RoundTrip(
-        first.y_pair + second.y_pair,  # disjoint rows: exact
-        first.kept | second.kept,
-        first.received + second.received,
-        second.received,
+        y_first + y_second,  # disjoint rows: exact
+        kept_first | kept_second,
+        jnp.sum(computed, dtype=jnp.int32),
+        jnp.sum(computed[split:], dtype=jnp.int32),
     )
 
 

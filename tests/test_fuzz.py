@@ -291,7 +291,9 @@ EPILOGUES = [  # (gather, bias, row_scale, activation)
     shape=st.sampled_from(RAGGED_SHAPES),
     kind=st.sampled_from(GROUP_KINDS),
     epilogue=st.sampled_from(EPILOGUES),
-    block=st.sampled_from([16, 32] if not ON_GPU else [16, 64, 128]),
+    # float32 tiles of 128^3 with a GLU's 2·block_n columns need 320 KiB of shared memory, past
+    # the H200's 227 KiB (found by the H200 long run): 64 is the largest drawn.
+    block=st.sampled_from([16, 32] if not ON_GPU else [16, 32, 64]),
 )
 def test_gmm_epilogues_match_float64(seed, shape, kind, epilogue, block):
     """The fused path's gmm: in-kernel row gather, bias, GLU and row scale, small block configs."""
