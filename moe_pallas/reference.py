@@ -3,13 +3,17 @@
     out[t] = sum_j topk_weight[t, j] * expert_{topk_idx[t, j]}(x[t])
     expert_e(x) = act(x @ w_gate_up[e] + b_gate_up[e]) @ w_down[e] + b_down[e]
 
-Two independent formulations, computed in `dtype` (float32 by default; float64 where x64 is
+Three independent formulations, computed in `dtype` (float32 by default; float64 where x64 is
 enabled) at HIGHEST matmul precision:
   - `moe_experts_reference`: the MoE way: stable sort of the T*k (token, slot) pairs by expert,
     one expert application per sorted row, un-sort, weighted sum of each token's k rows.
   - `moe_experts_loop`: a plain loop over tokens and their k slots.
+  - `moe_experts_by_expert`: the dense way: each expert on every row, rows routed elsewhere
+    weighted zero, summed over the experts.
 Expert ids outside [0, E) contribute zero (the library's documented behaviour).
-Both walk rows in chunks of `chunk` gathered expert weights, so full-size workloads fit on a GPU.
+The first two walk rows in chunks of `chunk` gathered expert weights, so full-size workloads fit
+on a GPU; their gradients scatter each chunk's weight gradients into [E, H, 2I]. The third reads
+each expert's weights once and its gradient writes them by expert, without a scatter.
 """
 
 import jax
@@ -36,16 +40,22 @@ def expert_apply(
     num_experts = params["w_gate_up"].shape[0]
     valid = (expert >= 0) & (expert < num_experts)
     e = jnp.where(valid, expert, 0)
-    h = jnp.einsum("rh,rhn->rn", x_rows, params["w_gate_up"][e], precision=_HI)
+    y = _mlp({name: value[e] for name, value in params.items()}, x_rows, activation, h_dtype, "r")
+    return jnp.where(valid[:, None], y, 0)
+
+
+def _mlp(params: dict, x_rows, activation: Activation, h_dtype, weight_rows: str):
+    """act(x_rows @ w_gate_up + b_gate_up) @ w_down + b_down, with one weight matrix per row
+    (weight_rows="r": params gathered per row) or one for all rows (weight_rows="")."""
+    r = weight_rows
+    h = jnp.einsum(f"rh,{r}hn->rn", x_rows, params["w_gate_up"], precision=_HI)
     if "b_gate_up" in params:
-        h = h + params["b_gate_up"][e]
+        h = h + params["b_gate_up"]
     if h_dtype is not None:
         h = h + jax.lax.stop_gradient(h.astype(h_dtype).astype(h.dtype) - h)
     a = glu(*split_gate_up(h, activation), activation)
-    y = jnp.einsum("ri,rih->rh", a, params["w_down"][e], precision=_HI)
-    if "b_down" in params:
-        y = y + params["b_down"][e]
-    return jnp.where(valid[:, None], y, 0)
+    y = jnp.einsum(f"ri,{r}ih->rh", a, params["w_down"], precision=_HI)
+    return y + params["b_down"] if "b_down" in params else y
 
 
 def _chunked_rows(fn, rows: int, chunk: int, *operands):
@@ -115,3 +125,31 @@ def moe_experts_loop(
     return _chunked_rows(
         token_rows, x.shape[0], chunk, topk_idx.astype(jnp.int32), topk_weight.astype(dtype), x
     )
+
+
+def moe_experts_by_expert(
+    x, topk_idx, topk_weight, params, *, activation: Activation, dtype=jnp.float32, h_dtype=None
+) -> jax.Array:
+    """The dense oracle: out[t] = sum_e sum_j [topk_idx[t, j] == e] topk_weight[t, j] expert_e(x[t]).
+
+    A scan over the experts, each applied to all T*k rows (T*k*E expert rows of arithmetic; the
+    scan body is rematerialised under jax.grad, so memory stays at one expert's [T*k, 2I]).
+    `h_dtype` as in `expert_apply`.
+    """
+    params = _cast_params(params, dtype)
+    x = jnp.asarray(x).astype(dtype)
+    num_tokens, top_k = topk_idx.shape
+    num_experts = params["w_gate_up"].shape[0]
+    flat_idx = topk_idx.reshape(-1).astype(jnp.int32)
+    row_weight = topk_weight.astype(dtype).reshape(-1)
+    x_rows = jnp.repeat(x, top_k, axis=0)  # row t*k + j holds x[t]
+
+    @jax.checkpoint
+    def add_expert(y, expert_and_params):
+        e, expert_params = expert_and_params
+        y_e = _mlp(expert_params, x_rows, activation, h_dtype, "")
+        return y + jnp.where(flat_idx == e, row_weight, 0)[:, None] * y_e, None
+
+    y0 = jnp.zeros(x_rows.shape, dtype)
+    y, _ = jax.lax.scan(add_expert, y0, (jnp.arange(num_experts), params))
+    return jnp.sum(y.reshape(num_tokens, top_k, -1), axis=1)

@@ -1,11 +1,13 @@
-"""The two oracles agree with each other and with a hand-written numpy float64 computation."""
+"""The three oracles agree with each other and with a hand-written numpy float64 computation."""
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moe_pallas.reference import moe_experts_loop, moe_experts_reference
+from moe_pallas.reference import moe_experts_by_expert, moe_experts_loop, moe_experts_reference
 from tests.helpers import make_params, random_routing
 
 
@@ -46,7 +48,11 @@ def test_oracles_agree_with_numpy(activation, biases):
     idx[1, 0] = -1
     want = numpy_moe(x, idx, w, params, activation)
     with jax.enable_x64(True):
-        for oracle in (moe_experts_reference, moe_experts_loop):
+        for oracle in (
+            functools.partial(moe_experts_reference, chunk=4),
+            functools.partial(moe_experts_loop, chunk=4),
+            moe_experts_by_expert,
+        ):
             got = oracle(
                 x,
                 jnp.asarray(idx),
@@ -54,9 +60,42 @@ def test_oracles_agree_with_numpy(activation, biases):
                 params,
                 activation=activation,
                 dtype=jnp.float64,
-                chunk=4,
             )
             np.testing.assert_allclose(np.asarray(got), want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("activation", ["gptoss", "swiglu"])
+def test_dense_oracle_gradients_match_the_sorted_one(activation):
+    """The GPU full-shape test takes its gradients from moe_experts_by_expert: they must equal the
+    sorted oracle's (float64), h rounding included."""
+    rng = np.random.default_rng()
+    T, H, I, E, k = 9, 16, 8, 5, 3
+    params = make_params(rng, E, H, I, biases=activation == "gptoss", scale=3.0)
+    x = rng.standard_normal((T, H))
+    idx, w = random_routing(rng, T, E, k)
+    idx[0, 0] = E  # out of range: zero
+    cot = rng.standard_normal((T, H))
+    with jax.enable_x64(True):
+        grads = [
+            jax.grad(
+                lambda x, w, p: jnp.vdot(
+                    oracle(
+                        x,
+                        jnp.asarray(idx),
+                        w,
+                        p,
+                        activation=activation,
+                        dtype=jnp.float64,
+                        h_dtype=jnp.bfloat16,
+                    ),
+                    cot,
+                ),
+                argnums=(0, 1, 2),
+            )(jnp.asarray(x), jnp.asarray(w), params)
+            for oracle in (moe_experts_reference, moe_experts_by_expert)
+        ]
+        for got, want in zip(*map(jax.tree.leaves, grads)):
+            np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-9, atol=1e-9)
 
 
 def test_reference_handles_single_token_and_all_rows_in_one_expert():
