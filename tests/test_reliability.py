@@ -14,6 +14,7 @@ import pytest
 import moe_pallas
 from moe_pallas import moe_experts, ragged_dot, tgmm
 from moe_pallas.kernels import gmm
+from moe_pallas.kernels.gmm import clamp_group_sizes
 
 IMPLS = ["pallas_triton", "xla"]
 SDS = jax.ShapeDtypeStruct
@@ -222,6 +223,14 @@ def _clamped(sizes, rows):
     """The documented meaning of invalid sizes: negatives count as 0, the sum is cut at rows."""
     ends = np.minimum(np.cumsum(np.maximum(np.asarray(sizes, np.int64), 0)), rows)
     return np.diff(ends, prepend=0)
+
+
+@pytest.mark.parametrize("rows", [18, 2**30])
+@pytest.mark.parametrize("kind", sorted(BAD_SIZES))
+def test_clamp_group_sizes_both_paths(kind, rows):
+    """Plain cumsum while groups x rows fits int32, the overflow-free saturating scan past it."""
+    got = clamp_group_sizes(jnp.asarray(BAD_SIZES[kind], I32), rows)
+    np.testing.assert_array_equal(np.asarray(got), _clamped(BAD_SIZES[kind], rows))
 
 
 @pytest.mark.parametrize("impl", IMPLS)
