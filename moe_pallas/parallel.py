@@ -24,9 +24,9 @@ C = ceil(f*M/S) per pair, or B = ceil(f*M); rows past it are dropped. `None` (de
 drops: ragged sizes B for the worst case (every row to one shard, B = S*M: memory, not wire
 traffic); all_to_all sends a first round of C = ceil(1.25*M/S) rows per pair and, only if some
 pair on the mesh holds more, a second round with the remaining ranks [C, M) (worst-case size),
-under a `lax.cond` that every device evaluates alike; the experts run once on both rounds' rows. Dropped rows contribute zero; their count
-is in the stats (`return_stats=True`, with the second round's rows as "spilled_rows"), and under
-`moe_pallas.debug_checks()` a drop raises.
+under a `lax.cond` that every device evaluates alike; the experts run once on both rounds' rows.
+Dropped rows contribute zero; their count is in the stats (`return_stats=True`, with the second
+round's rows as "spilled_rows"), and under `moe_pallas.debug_checks()` a drop raises.
 
 Gradients flow through both exchanges (their transposes are the reverse exchanges); weight
 gradients of data-parallel replicas are summed by shard_map.
@@ -175,8 +175,7 @@ def _dropless_all_to_all_round_trip(
     (benchmarks/results/2026-11-30_h200_session3/), presumably because the cond's gradient
     returns zeros for every local weight from the untaken branch and adds them (not profiled).
     """
-    rows = plan.order.shape[0]
-    spill = rows - capacity
+    spill = plan.order.shape[0] - capacity
     if spill <= 0:
         return _all_to_all_round_trip(x, weight, plan, apply, axis, experts_per_shard, capacity)
     num_shards = plan.counts.shape[0]
