@@ -1,9 +1,10 @@
 """Autotune the grouped-matmul block configs per shape class on the layer's own calls and rewrite
 the table in moe_pallas/kernels/config.py (between its BEGIN/END TABLE markers).
 
-Each (kernel, class) is timed on the calls the fused layer makes, at both seed workloads (gpt-oss:
-H = I = 2880, E = 128, k = 4, biases; SwiGLU: H = 4096, I = 2048, E = 256, k = 8) with uniform
-random routing at the class's token count; the candidate with the least total time wins:
+Each (kernel, class) is timed on the calls the fused layer makes, at both seed workloads
+(`benchmarks.cases.WORKLOADS`: gpt-oss H = I = 2880, E = 128, k = 4, biases; SwiGLU-256
+H = 4096, I = 2048, E = 256, k = 8) with uniform random routing at the class's token count; the
+candidate with the least total time wins:
 
   gmm      gate_up → h (in-kernel row gather, bias) and down (bias, routing-weight row scale)
   gmm_glu  gate_up with the GLU epilogue (the no-gradient forward)
@@ -25,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.bench_gmm import time_op
+from benchmarks.cases import WORKLOADS
 from moe_pallas import dispatch
 from moe_pallas.kernels import config as _config
 from moe_pallas.kernels import gmm, tgmm
@@ -75,16 +77,13 @@ TGMM_CANDIDATES = [
     C(32, 256, 128, 8, 8, 3),
     C(16, 128, 128, 16, 4, 4),
 ]
-TOKENS = {"tiny": 64, "small": 2048, "large": {"gptoss": 16384, "swiglu": 8192}}
-WORKLOADS = {  # (H, I, E, k, biases)
-    "gptoss": (2880, 2880, 128, 4, True),
-    "swiglu": (4096, 2048, 256, 8, False),
-}
+TOKENS = {"tiny": 64, "small": 2048, "large": {"gptoss": 16384, "swiglu256": 8192}}
 
 
 def _problem(workload, tokens):
     """The arrays of one layer step, dispatched: x, weights, biases, h, a, dh, dy, metadata."""
-    hidden, inter, experts, top_k, biases = WORKLOADS[workload]
+    w = WORKLOADS[workload]
+    hidden, inter, experts, top_k = w.hidden, w.inter, w.experts, w.top_k
     keys = iter(jax.random.split(jax.random.key(tokens), 10))
     bf16 = jnp.bfloat16
     d = dispatch.dispatch(
@@ -103,10 +102,10 @@ def _problem(workload, tokens):
         "sizes": d.group_sizes,
     }
     p["dh"] = p["h"]
-    if biases:
+    if w.bias:
         p["b_gate_up"] = jax.random.normal(next(keys), (experts, 2 * inter), bf16)
         p["b_down"] = jax.random.normal(next(keys), (experts, hidden), bf16)
-    p["activation"] = "gptoss" if workload == "gptoss" else "swiglu"
+    p["activation"] = w.activation
     return p
 
 
