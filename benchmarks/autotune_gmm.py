@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.bench_gmm import time_op
-from benchmarks.cases import WORKLOADS
+from benchmarks.cases import SMALL_WORKLOADS, WORKLOADS
 from moe_pallas import dispatch
 from moe_pallas.kernels import config as _config
 from moe_pallas.kernels import gmm, tgmm
@@ -80,9 +80,9 @@ TGMM_CANDIDATES = [
 TOKENS = {"tiny": 64, "small": 2048, "large": {"gptoss": 16384, "swiglu256": 8192}}
 
 
-def _problem(workload, tokens):
+def _problem(workload, tokens, small=False):
     """The arrays of one layer step, dispatched: x, weights, biases, h, a, dh, dy, metadata."""
-    w = WORKLOADS[workload]
+    w = (SMALL_WORKLOADS if small else WORKLOADS)[workload]
     hidden, inter, experts, top_k = w.hidden, w.inter, w.experts, w.top_k
     keys = iter(jax.random.split(jax.random.key(tokens), 10))
     bf16 = jnp.bfloat16
@@ -162,17 +162,22 @@ def _candidates(kernel, cls):
     return (GLU_CANDIDATES if kernel == "gmm_glu" else GMM_CANDIDATES)[cls]
 
 
-def tune(kernels, classes, workloads):
+# --small: tiny workloads, tokens and tiles, to test this script on CPU (interpret mode).
+SMALL_CANDIDATES = [C(16, 16, 16, 2, 4, 2), C(16, 32, 16, 1, 4, 2)]
+
+
+def tune(kernels, classes, workloads, small=False):
     table = dict(_config._TABLE)
     log = []
     for cls in classes:
         problems = {}
         for w in workloads:
             tokens = TOKENS[cls]
-            problems[w] = _problem(w, tokens[w] if isinstance(tokens, dict) else tokens)
+            tokens = tokens[w] if isinstance(tokens, dict) else tokens
+            problems[w] = _problem(w, 16 if small else tokens, small)
         for kernel in kernels:
             best = None
-            for cfg in _candidates(kernel, cls):
+            for cfg in SMALL_CANDIDATES if small else _candidates(kernel, cls):
                 entry = {"kernel": kernel, "cls": cls, "cfg": dataclasses.asdict(cfg)}
                 try:
                     per_workload = {
@@ -207,15 +212,16 @@ def render(table):
     return "\n".join([*lines, "}"])
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", help="config.py to rewrite (default: print the table only)")
     parser.add_argument("--log", default="gmm_autotune.json")
     parser.add_argument("--kernels", nargs="+", default=["gmm", "gmm_glu", "gmm_t", "tgmm"])
     parser.add_argument("--classes", nargs="+", default=list(TOKENS))
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
-    args = parser.parse_args()
-    table, log = tune(args.kernels, args.classes, args.workloads)
+    parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
+    args = parser.parse_args(argv)
+    table, log = tune(args.kernels, args.classes, args.workloads, args.small)
     with open(args.log, "w") as f:
         json.dump(
             {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "log": log},

@@ -2,6 +2,7 @@
 end to end on CPU with tiny shapes (no timings are asserted)."""
 
 import csv
+import dataclasses
 import json
 
 import jax
@@ -200,3 +201,27 @@ def test_append_adds_a_suite_to_an_earlier_run(tmp_path):
     data = json.loads((tmp_path / "results.json").read_text())
     assert [s["suite"] for s in data["summary"]] == ["gmm", "train"]
     assert data["meta"]["command"].count("&&") == 1
+
+
+def test_autotune_rewrites_a_loadable_table(tmp_path):
+    """The device autotune on tiny shapes: every (kernel, class) of the table keeps an entry and
+    the rewritten config.py still imports, with a tuned class taking a timed candidate."""
+    import importlib.util
+
+    from benchmarks import autotune_gmm
+    from moe_pallas.kernels import config
+
+    target = tmp_path / "config.py"
+    target.write_text(open(config.__file__).read())
+    log = tmp_path / "log.json"
+    autotune_gmm.main(["--small", "--classes", "small", "--write", str(target), "--log", str(log)])
+    spec = importlib.util.spec_from_file_location("tuned_config", target)
+    tuned = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tuned)
+    assert set(tuned._TABLE) == set(config._TABLE)
+    timed = json.loads(log.read_text())["log"]
+    assert {e["kernel"] for e in timed if "total_ms" in e} == {"gmm", "gmm_glu", "gmm_t", "tgmm"}
+    fields = dataclasses.astuple  # the reloaded module has its own BlockConfig class
+    for kernel in ("gmm", "gmm_glu", "gmm_t", "tgmm"):
+        assert fields(tuned._TABLE[(kernel, "small")]) in map(fields, autotune_gmm.SMALL_CANDIDATES)
+        assert fields(tuned._TABLE[(kernel, "large")]) == fields(config._TABLE[(kernel, "large")])
