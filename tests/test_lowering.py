@@ -123,3 +123,14 @@ def test_gmm_glu_epilogue_lowers_to_triton(activation):
         x, w, sizes, lhs_row_index=row_token, bias=bias, activation=activation
     )
     assert triton_calls(lower_for_h200(glu_gmm, *args)) == 1
+
+
+@pytest.mark.parametrize("tokens", [1, 4])
+@pytest.mark.parametrize("activation", sorted(WORKLOADS))
+def test_decode_kernels_lower_to_triton(activation, tokens):
+    """The sort-free few-token forward at seed shapes: its gate_up and down(+combine) kernels,
+    and nothing else that launches a Triton kernel."""
+    from moe_pallas.kernels.decode import decode_experts
+
+    decode = lambda x, i, w, p: decode_experts(x, i, w, p, activation)
+    assert triton_calls(lower_for_h200(decode, *_layer_args(activation, tokens))) == 2
