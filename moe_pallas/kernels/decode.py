@@ -37,15 +37,8 @@ from jax.experimental.pallas import triton as plgpu
 from moe_pallas import _backend
 from moe_pallas.activations import glu
 from moe_pallas.kernels import config as _config
-from moe_pallas.kernels.gmm import check_int32_sizes
-
-
-def _masked_load(ref, mask):
-    return plgpu.load(ref) if mask is None else plgpu.load(ref, mask=mask, other=0)
-
-
-def _and(a, b):
-    return b if a is None else a if b is None else a & b
+from moe_pallas.kernels.gmm import _and, check_int32_sizes
+from moe_pallas.kernels.gmm import _load as _masked_load
 
 
 def _row_times_slab(rows_ref, row, w_ref, e, k_dim, c0, width, bk, c_mask):
