@@ -105,7 +105,9 @@ def _dlhs_glu_kernel(
             k0 = i * bk
             ks = k0 + jnp.arange(bk, dtype=jnp.int32)
             k_ok = (ks < k_dim)[None, :] if k_dim % bk else None
-            d = plgpu.load(dout_ref.at[src[:, None], ks[None, :]], **_masked(k_ok))
+            # Rows outside the visit are not loaded (as in gmm's gather).
+            d_mask = row_ok[:, None] if k_ok is None else row_ok[:, None] & k_ok
+            d = plgpu.load(dout_ref.at[src[:, None], ks[None, :]], mask=d_mask, other=0)
             n_col = None if n_ok is None else n_ok[:, None]
             w_mask = n_col if k_ok is None else k_ok if n_col is None else n_col & k_ok
             w = plgpu.load(w_ref.at[g, pl.ds(n0, bn), pl.ds(k0, bk)], **_masked(w_mask))
