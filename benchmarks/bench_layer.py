@@ -27,7 +27,7 @@ from benchmarks import run as _run
 from benchmarks import sol as _sol
 from moe_pallas import dispatch as _dispatch
 from moe_pallas import fused
-from moe_pallas.activations import glu, split_gate_up
+from moe_pallas.activations import glu, glu_bwd, merge_gate_up, split_gate_up
 from moe_pallas.kernels import BlockConfig
 from moe_pallas.kernels.combine import combine
 from moe_pallas.kernels.dlhs_glu import dlhs_glu
@@ -132,6 +132,16 @@ def _stage_fns(activation, inputs):
             ),
             (dout, p["w_down"]),
         ),
+        # dlhs_glu's math as gmm_t (dout gathered, wide tiles) into a [M, I] buffer plus an XLA
+        # epilogue: where the fused kernel's small tiles cost more than the buffer's traffic.
+        "bwd dlhs split f32": (
+            lambda dout, w: _dlhs_split(dout, w, h, d, row_weight, activation, jnp.float32),
+            (dout, p["w_down"]),
+        ),
+        "bwd dlhs split bf16": (
+            lambda dout, w: _dlhs_split(dout, w, h, d, row_weight, activation, dout.dtype),
+            (dout, p["w_down"]),
+        ),
         "bwd dy gather": (
             lambda dout: (dout[d.row_token].astype(jnp.float32) * row_weight[:, None]).astype(
                 x.dtype
@@ -149,6 +159,23 @@ def _stage_fns(activation, inputs):
         ),
         "bwd group sums": (lambda dh: fused._group_sum(dh, d.group_sizes), (h,)),
     }
+
+
+def _dlhs_split(dout, w_down, h, d, row_weight, activation, g_dtype):
+    """dlhs_glu's (dh, a, dw) from gmm_t's g = dout[row_token] @ w_downᵀ stored in g_dtype."""
+    g = gmm(
+        dout,
+        w_down,
+        d.group_sizes,
+        lhs_row_index=d.row_token,
+        transpose_rhs=True,
+        out_dtype=g_dtype,
+    ).astype(jnp.float32)
+    gate, up = split_gate_up(h.astype(jnp.float32), activation)
+    act = glu(gate, up, activation)
+    dgate, dup = glu_bwd(gate, up, g * row_weight[:, None], activation)
+    dh = merge_gate_up(dgate, dup, activation).astype(h.dtype)
+    return dh, act.astype(h.dtype), jnp.sum(g * act, axis=1)
 
 
 # dlhs_glu tiles to compare (its epilogue keeps ~6 [block_m, block_n] float32 tiles live).
@@ -170,15 +197,19 @@ def _time(fn, args, budget) -> float:
     return _run.measure(prep, budget)[0] * 1e3
 
 
-def breakdown(case: _cases.Case, inputs: dict, budget: float) -> dict:
-    """Milliseconds of each stage of the fused path (or the error that stopped it)."""
+def breakdown(case: _cases.Case, inputs: dict, budget: float, only: str = "") -> dict:
+    """Milliseconds of each stage of the fused path (or the error that stopped it); `only`: the
+    stages whose name contains one of these comma-separated strings."""
     stages = _stage_fns(case.workload.activation, inputs)
     fn, args = stages["bwd dlhs_glu"]
     for cfg in DLHS_CONFIGS:
         name = f"bwd dlhs_glu {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
         stages[name] = (functools.partial(fn, config=cfg), args)
+    wanted = [w for w in only.split(",") if w]
     out = {}
     for name, (fn, args) in stages.items():
+        if wanted and not any(w in name for w in wanted):
+            continue
         try:
             out[name] = _time(fn, args, budget)
             shown = f"{out[name]:8.3f} ms"
@@ -197,6 +228,7 @@ def main(argv=None):
     )
     parser.add_argument("--impls", default="moe_pallas:pallas_triton")
     parser.add_argument("--breakdown", default="gptoss:2048,swiglu256:2048,gptoss:1")
+    parser.add_argument("--stages", default="", help="breakdown stages containing these strings")
     parser.add_argument("--budget", type=float, default=0.3)
     parser.add_argument("--out", help="JSON file to write")
     parser.add_argument("--small", action="store_true", help="tiny workloads (CPU smoke test)")
@@ -245,7 +277,9 @@ def main(argv=None):
             params = None
             params = _cases.make_params(case.workload)
             params_of = name
-        results["breakdown"][case.name] = breakdown(case, _run._inputs(case, params), args.budget)
+        results["breakdown"][case.name] = breakdown(
+            case, _run._inputs(case, params), args.budget, args.stages
+        )
         _write(args.out, results)
     return results
 
