@@ -7,14 +7,12 @@
 The suites are `python -m benchmarks.run`'s job; this script adds what it does not time: fwd+bwd
 at the large token counts, the memory of one fwd+bwd step (XLA's compiled memory analysis:
 arguments + outputs + temporaries) against weights + grads + inputs + residuals
-(`moe_pallas.fused`: h [T·k, 2I] in x's dtype), the time of each kernel of the fused path, and a
-few dlhs_glu tiles. (Not jax's peak_bytes_in_use: the runner's timing loop keeps up to three
+(`moe_pallas.fused`: h [T·k, 2I] in x's dtype) and the time of each kernel of the fused path. (Not jax's peak_bytes_in_use: the runner's timing loop keeps up to three
 steps' outputs alive, which tripled the gradients in the first H200 run.)
 Timing: `benchmarks.run.measure` (warm-up, then median of blocking batched samples).
 """
 
 import argparse
-import functools
 import json
 import sys
 
@@ -27,10 +25,8 @@ from benchmarks import run as _run
 from benchmarks import sol as _sol
 from moe_pallas import dispatch as _dispatch
 from moe_pallas import fused
-from moe_pallas.activations import glu, glu_bwd, merge_gate_up, split_gate_up
-from moe_pallas.kernels import BlockConfig
+from moe_pallas.activations import glu, split_gate_up
 from moe_pallas.kernels.combine import combine
-from moe_pallas.kernels.dlhs_glu import dlhs_glu
 from moe_pallas.kernels.gmm import gmm
 from moe_pallas.kernels.tgmm import tgmm
 
@@ -119,27 +115,8 @@ def _stage_fns(activation, inputs):
             (a, p["w_down"]),
         ),
         "combine": (lambda y: combine(y, pair_row), (y,)),
-        "bwd dlhs_glu": (
-            lambda dout, w, config=None: dlhs_glu(
-                dout,
-                w,
-                h,
-                d.group_sizes,
-                row_token=d.row_token,
-                row_weight=row_weight,
-                activation=activation,
-                config=config,
-            ),
-            (dout, p["w_down"]),
-        ),
-        # dlhs_glu's math as gmm_t (dout gathered, wide tiles) into a [M, I] buffer plus an XLA
-        # epilogue: where the fused kernel's small tiles cost more than the buffer's traffic.
-        "bwd dlhs split f32": (
-            lambda dout, w: _dlhs_split(dout, w, h, d, row_weight, activation, jnp.float32),
-            (dout, p["w_down"]),
-        ),
-        "bwd dlhs split bf16": (
-            lambda dout, w: _dlhs_split(dout, w, h, d, row_weight, activation, dout.dtype),
+        "bwd dlhs (gmm_t g + XLA GLU derivative)": (
+            lambda dout, w: fused.dlhs(activation, "pallas_triton", dout, w, h, d, row_weight),
             (dout, p["w_down"]),
         ),
         "bwd dy gather": (
@@ -161,34 +138,6 @@ def _stage_fns(activation, inputs):
     }
 
 
-def _dlhs_split(dout, w_down, h, d, row_weight, activation, g_dtype):
-    """dlhs_glu's (dh, a, dw) from gmm_t's g = dout[row_token] @ w_downᵀ stored in g_dtype."""
-    g = gmm(
-        dout,
-        w_down,
-        d.group_sizes,
-        lhs_row_index=d.row_token,
-        transpose_rhs=True,
-        out_dtype=g_dtype,
-    ).astype(jnp.float32)
-    gate, up = split_gate_up(h.astype(jnp.float32), activation)
-    act = glu(gate, up, activation)
-    dgate, dup = glu_bwd(gate, up, g * row_weight[:, None], activation)
-    dh = merge_gate_up(dgate, dup, activation).astype(h.dtype)
-    return dh, act.astype(h.dtype), jnp.sum(g * act, axis=1)
-
-
-# dlhs_glu tiles to compare (its epilogue keeps ~6 [block_m, block_n] float32 tiles live).
-DLHS_CONFIGS = (
-    BlockConfig(64, 128, 64, group_m=8, num_warps=8, num_stages=3),
-    BlockConfig(64, 64, 64, group_m=8, num_warps=4, num_stages=3),
-    BlockConfig(64, 64, 64, group_m=8, num_warps=4, num_stages=4),
-    BlockConfig(64, 128, 64, group_m=8, num_warps=4, num_stages=3),
-    BlockConfig(32, 128, 64, group_m=8, num_warps=4, num_stages=3),
-    BlockConfig(64, 64, 128, group_m=8, num_warps=4, num_stages=3),
-)
-
-
 def _time(fn, args, budget) -> float:
     compiled = jax.jit(fn).lower(*args).compile()
     prep = _impls.Prepared(
@@ -201,10 +150,6 @@ def breakdown(case: _cases.Case, inputs: dict, budget: float, only: str = "") ->
     """Milliseconds of each stage of the fused path (or the error that stopped it); `only`: the
     stages whose name contains one of these comma-separated strings."""
     stages = _stage_fns(case.workload.activation, inputs)
-    fn, args = stages["bwd dlhs_glu"]
-    for cfg in DLHS_CONFIGS:
-        name = f"bwd dlhs_glu {cfg.block_m}x{cfg.block_n}x{cfg.block_k} w{cfg.num_warps} s{cfg.num_stages}"
-        stages[name] = (functools.partial(fn, config=cfg), args)
     wanted = [w for w in only.split(",") if w]
     out = {}
     for name, (fn, args) in stages.items():

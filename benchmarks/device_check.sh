@@ -4,7 +4,6 @@
 # the device tool: log.txt plus a few JSON/plots). Steps:
 #   suites  the two 16-case forward suites of our layer (benchmarks/run.py) -> $OUT/suites/
 #   peers   the same suites for tokamax and torch (carry .peers/)         -> $OUT/peers/
-#   decode  the decode suite, sorted path next to the sort-free kernels    -> $OUT/decode/
 #   tests   every gpu-marked test
 #   ep      expert parallelism, 1 vs all GPUs (skipped with fewer than 2; EP_ARGS e.g.
 #           "--workload gptoss --exchange ragged")                           -> $OUT/ep_*.json
@@ -40,10 +39,6 @@ run_step() {
     peers)  step "${PEERS_S:-240}" bash benchmarks/gpu_run.sh --suite gptoss,swiglu256 \
               --impls tokamax,torch._grouped_mm --out "$OUT/peers" --time-limit "$(( ${PEERS_S:-240} - 20 ))" --no-plots
             rm -f "$OUT/peers/results.csv" ;;
-    decode) step "${DECODE_S:-120}" bash benchmarks/gpu_run.sh --suite decode \
-              --impls moe_pallas:pallas_triton,moe_pallas:decode --out "$OUT/decode" \
-              --time-limit "$(( ${DECODE_S:-120} - 20 ))" --no-plots
-            rm -f "$OUT/decode/results.csv" ;;
     tests)  step "${TESTS_S:-240}" python3 -m pytest -m gpu -v --durations=0 -p no:cacheprovider \
               --timeout "${TEST_TIMEOUT:-120}" ${TESTS:-tests} ;;
     ep)     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then

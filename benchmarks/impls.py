@@ -8,7 +8,6 @@ routing weights); gmm/tgmm cases time one grouped matmul.
 
   moe_pallas:<backend>  `moe_pallas.moe_experts(..., implementation=backend)`; gmm cases use
                         `moe_pallas.ragged_dot` / `moe_pallas.tgmm`.
-  moe_pallas:decode     the sort-free forward for a few tokens (`kernels/decode.py`), fwd only.
   jax.lax.ragged_dot    our "xla" backend: jax.lax.ragged_dot (on GPU a dense masked matmul).
   tokamax               the same glue around `tokamax.ragged_dot(implementation="mosaic")`.
   torch._grouped_mm     the same glue in PyTorch around `torch._grouped_mm`, combine by index_add_.
@@ -31,7 +30,6 @@ from benchmarks.cases import Case
 from moe_pallas import experts as _experts
 from moe_pallas.activations import glu, split_gate_up
 from moe_pallas.dispatch import dispatch
-from moe_pallas.kernels.decode import decode_experts
 
 
 class Skip(Exception):
@@ -140,20 +138,6 @@ def _ours(backend: str):
         return _jax_case(case, inputs, layer, None)
 
     return prepare
-
-
-def _prepare_decode(case: Case, inputs: dict) -> Prepared:
-    """`moe_pallas.kernels.decode.decode_experts`: the sort-free few-token forward, timed here
-    next to the sorted path before `moe_experts` routes to it."""
-    if case.mode != "fwd":
-        raise Skip("the decode kernels are a forward for a few tokens")
-    if case.tokens * case.workload.top_k > 256:
-        raise Skip("the decode kernels read an expert's weights once per token: few tokens only")
-
-    def layer(x, topk_idx, topk_weight, params):
-        return decode_experts(x, topk_idx, topk_weight, params, case.workload.activation)
-
-    return _jax_case(case, inputs, layer, None)
 
 
 def _xla_dense_estimate(case: Case) -> tuple[float, float]:
@@ -348,7 +332,6 @@ OURS = tuple(f"moe_pallas:{b}" for b in _experts.IMPLEMENTATIONS if b not in ("a
 PEERS = ("jax.lax.ragged_dot", "tokamax", "torch._grouped_mm", "torch_loop")
 IMPLS: dict[str, Callable[[Case, dict], Prepared]] = {
     **{name: _ours(name.split(":")[1]) for name in OURS},
-    "moe_pallas:decode": _prepare_decode,
     "jax.lax.ragged_dot": _prepare_xla,
     "tokamax": _prepare_tokamax,
     "torch._grouped_mm": _prepare_torch_grouped,

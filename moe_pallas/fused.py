@@ -17,24 +17,30 @@ epilogue vs 1.783 and 1.560 for gmm → h + XLA glu; SwiGLU 3.037 and 2.802 vs 3
 the epilogue wins on memory (no [M, 2I] h).
 
 Residuals, chosen for memory: h [M, 2I] in x's dtype and the int32 routing metadata; x, the params
-and topk_weight are inputs the caller keeps anyway. Not saved: a (recomputed from h in `dlhs_glu`),
-y (d topk_weight comes from g·a below), and no float32 [M, ·] tensor. Saving a and recomputing h
-instead would cost a 2·M·H·2I-FLOP matmul, 2/9 of the whole fwd+bwd arithmetic.
+and topk_weight are inputs the caller keeps anyway. Not saved: a (recomputed from h in the
+backward), y (d topk_weight comes from g·a below). Saving a and recomputing h instead would cost a
+2·M·H·2I-FLOP matmul, 2/9 of the whole fwd+bwd arithmetic.
 
-Backward (g[m] = dout[t] @ w_down[e]ᵀ, never stored; e the row's expert):
-    dh, a, dw[m] = dlhs_glu(dout, w_down, h)    dh = glu'(h)·(w·g), a = glu(h), dw = ⟨g, a⟩
+Backward (e the row's expert):
+    g[m]         = gmm(dout, w_downᵀ, lhs_row_index=row_token)    [M, I] float32 (a temporary)
+    dh, a, dw[m] = glu'(h)·(w·g), glu(h), ⟨g, a⟩     one XLA elementwise pass over g and h
     dy[m]        = row_weight[m] · dout[row_token[m]]                      [M, H]
     d_w_down     = tgmm(a, dy)                      d_b_down[e]    = Σ_{m in e} dy[m]
     d_w_gate_up  = tgmm(x[row_token], dh)           d_b_gate_up[e] = Σ_{m in e} dh[m]
     dx           = combine(gmm(dh, w_gate_upᵀ), pair_row)
     d_topk_weight[t, j] = dw[m] + ⟨dout[t], b_down[e]⟩,  m = pair_row[t, j]
-Per-expert bias sums are tgmm calls against a ones column, and dw's per-tile partials are summed
-by XLA: no scatter atomics anywhere, so forward and backward are bitwise reproducible run to run.
+g is not fused with the GLU derivative: a Triton kernel doing both (gmm_t's loop, the derivative in
+its epilogue) was slower on the H200 than gmm_t at its wide tiles plus the elementwise pass, whose
+extra traffic (g written and read once in float32) is small next to the weights. T = 2048, bf16,
+2026-11-30 session 4: gpt-oss 1.070 ms fused (best of 7 tiles 1.045) vs 0.784 split; SwiGLU
+1.691 (1.591) vs 1.362 (benchmarks/results/2026-11-30_h200_session4/).
+Per-expert bias sums are tgmm calls against a ones column: no scatter atomics anywhere, so forward
+and backward are bitwise reproducible run to run.
 
 Backends: "pallas_triton" runs every kernel above in Triton. "mosaic_gpu" runs the matmuls (both
 gmm, both tgmm, dx's gmm) on the Mosaic GPU kernels where wgmma takes the operands (one 16-bit
 dtype), reading an XLA-gathered copy of x instead of gathering rows in the kernel (Hopper's TMA
-cannot); combine, dlhs_glu and the bias sums stay Triton.
+cannot); combine and the bias sums stay Triton.
 
 Precision: matmuls accumulate in float32; h, a, y and the backward's row tensors are stored in x's
 dtype (so float32 inputs keep a float32 h). bf16 inputs: relative error of out about 3e-3 against
@@ -50,9 +56,8 @@ import jax
 import jax.numpy as jnp
 
 from moe_pallas import dispatch as _dispatch
-from moe_pallas.activations import glu, split_gate_up
+from moe_pallas.activations import glu, glu_bwd, merge_gate_up, split_gate_up
 from moe_pallas.kernels.combine import combine
-from moe_pallas.kernels.dlhs_glu import dlhs_glu
 from moe_pallas.kernels.tgmm import tgmm
 from moe_pallas.ops import gmm_on_backend, tgmm_on_backend
 
@@ -83,6 +88,23 @@ def _group_sum(rows, group_sizes):
     ones = jnp.ones((1, 16), rows.dtype)
     every_row = jnp.zeros((rows.shape[0],), jnp.int32)
     return tgmm(ones, rows, group_sizes, lhs_row_index=every_row, out_dtype=jnp.float32)[:, 0]
+
+
+def dlhs(activation, backend, dout, w_down, h, d, row_weight):
+    """(dh, a, dw) of the module docstring's backward, dh and a in h's dtype, dw float32 [M]."""
+    g = gmm_on_backend(
+        backend,
+        dout,
+        w_down,
+        d.group_sizes,
+        lhs_row_index=d.row_token,
+        transpose_rhs=True,
+        out_dtype=jnp.float32,
+    )
+    gate, up = split_gate_up(h.astype(jnp.float32), activation)
+    a = glu(gate, up, activation)
+    dh = merge_gate_up(*glu_bwd(gate, up, g * row_weight[:, None], activation), activation)
+    return dh.astype(h.dtype), a.astype(h.dtype), jnp.sum(g * a, axis=1)
 
 
 def _forward(activation, backend, x, topk_idx, topk_weight, params, keep_h=True):
@@ -124,15 +146,7 @@ def _fused_bwd(activation, backend, residuals, dout):
     num_tokens, top_k = topk_idx.shape
     num_experts = params["w_gate_up"].shape[0]
     dout = dout.astype(x.dtype)
-    dh, a, dw_rows = dlhs_glu(
-        dout,
-        params["w_down"],
-        h,
-        d.group_sizes,
-        row_token=d.row_token,
-        row_weight=row_weight,
-        activation=activation,
-    )
+    dh, a, dw_rows = dlhs(activation, backend, dout, params["w_down"], h, d, row_weight)
     dy = (dout[d.row_token].astype(jnp.float32) * row_weight[:, None]).astype(x.dtype)
     grads = {
         "w_down": tgmm_on_backend(backend, a, dy, d.group_sizes, out_dtype=params["w_down"].dtype),

@@ -11,11 +11,8 @@ import numpy as np
 import pytest
 
 from moe_pallas import moe_experts
-from moe_pallas.activations import glu, glu_bwd, merge_gate_up, split_gate_up
 from moe_pallas.experts import resolve_implementation
-from moe_pallas.kernels import BlockConfig
 from moe_pallas.kernels.combine import combine
-from moe_pallas.kernels.dlhs_glu import dlhs_glu
 from moe_pallas.reference import moe_experts_by_expert, moe_experts_reference
 from tests.helpers import device_normal
 
@@ -29,6 +26,15 @@ def _rel_err(x, ref) -> float:
     x, ref = np.asarray(x, np.float64), np.asarray(ref, np.float64)
     assert np.isfinite(x).all(), "output holds NaN/Inf (an element was never written?)"
     return float(np.linalg.norm(x - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+@jax.jit
+def _rel_err_on_device(x, ref):
+    """`_rel_err` in float32 where the arrays live (full-shape gradients are billions of
+    elements: the float64 host copies took longer than the test's kernels)."""
+    x, ref = x.astype(jnp.float32), ref.astype(jnp.float32)
+    err = jnp.sqrt(jnp.sum(jnp.square(x - ref))) / jnp.maximum(jnp.sqrt(jnp.sum(ref * ref)), 1e-30)
+    return jnp.where(jnp.isfinite(x).all(), err, jnp.inf)
 
 
 def _problem(rng, activation, tokens, hidden, inter, experts, top_k, dtype, mode="random"):
@@ -96,45 +102,6 @@ def test_combine_sums_slots_in_order(dtype, hidden):
     out = combine(rows, pair_row, out_dtype=jnp.float32, block_t=16, block_h=32)  # H tail at 40
     ref = np.asarray(rows, np.float64)[np.asarray(pair_row)].sum(axis=1)
     assert out.shape == (21, hidden) and _rel_err(out, ref) < 1e-6
-
-
-@pytest.mark.parametrize("activation,hidden,inter", [("gptoss", 40, 40), ("swiglu", 64, 32)])
-def test_dlhs_glu_against_float64(activation, hidden, inter):
-    """Several n- and k-tiles (with tails at 40, unmasked at 64/32), straddling m-tiles, an empty
-    group, 4 tail rows."""
-    rng = np.random.default_rng(1)
-    rows, tokens = 37, 10
-    sizes = np.array([12, 0, 9, 12], np.int32)  # 33 rows in groups, 4 past them
-    dout = jnp.asarray(rng.standard_normal((tokens, hidden)), jnp.float32)
-    w_down = jnp.asarray(rng.standard_normal((4, inter, hidden)) / np.sqrt(hidden), jnp.float32)
-    h = jnp.asarray(3 * rng.standard_normal((rows, 2 * inter)), jnp.float32)
-    row_token = jnp.asarray(rng.integers(0, tokens, rows), jnp.int32)
-    row_weight = jnp.asarray(rng.random(rows), jnp.float32)
-    cfg = BlockConfig(block_m=16, block_n=16, block_k=16, group_m=2)
-    dh, a, dw = dlhs_glu(
-        dout,
-        w_down,
-        h,
-        jnp.asarray(sizes),
-        row_token=row_token,
-        row_weight=row_weight,
-        activation=activation,
-        config=cfg,
-    )
-    with jax.enable_x64(True):
-        f64 = lambda v: jnp.asarray(np.asarray(v, np.float64))
-        expert = np.repeat(np.arange(4), sizes)
-        g = jnp.einsum("mh,mih->mi", f64(dout)[row_token[:33]], f64(w_down)[expert])
-        gate, up = split_gate_up(f64(h)[:33], activation)
-        want_a = glu(gate, up, activation)
-        want_dh = merge_gate_up(
-            *glu_bwd(gate, up, f64(row_weight)[:33, None] * g, activation), activation
-        )
-        want_dw = jnp.sum(g * want_a, axis=1)
-    assert _rel_err(dh[:33], want_dh) < 1e-5 and _rel_err(a[:33], want_a) < 1e-5
-    assert _rel_err(dw[:33], want_dw) < 1e-5
-    assert not np.asarray(dh[33:]).any() and not np.asarray(a[33:]).any()
-    assert not np.asarray(dw[33:]).any()
 
 
 FORWARD_CASES = [  # (activation, dtype, T, H, I, E, k, mode)
@@ -240,7 +207,7 @@ def test_full_shapes_gpu(activation, dtype, t, h, i, e, k):
     )
     _, ref_grads = jax.jit(lambda *a: _loss_and_grads(oracle, *a, cotangent))(x, w, params)
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
-        assert _rel_err(got, want) < GRAD_TOL[dtype]
+        assert float(_rel_err_on_device(got, want)) < GRAD_TOL[dtype]
     _, again = step(x, w, params)
     for got, rerun in zip(jax.tree.leaves(grads), jax.tree.leaves(again)):
-        assert np.array_equal(np.asarray(got), np.asarray(rerun))
+        assert bool(jnp.array_equal(got, rerun))

@@ -67,20 +67,21 @@ def _layer(activation, implementation, grad):
 def test_fused_layer_lowers_to_triton(activation, tokens, grad):
     layer = _layer(activation, "pallas_triton", grad)
     text = lower_for_h200(layer, *_layer_args(activation, tokens))
-    # forward: gate_up gmm, down gmm, combine; backward adds dlhs_glu, tgmm x2 (+ bias sums), gmm_t, combine
-    assert triton_calls(text) >= (7 if grad else 3)
+    # forward: gate_up gmm, down gmm, combine; backward adds gmm_t x2 (g and dx), tgmm x2 (+ bias
+    # sums), combine
+    assert triton_calls(text) >= (8 if grad else 3)
 
 
 @pytest.mark.parametrize("grad", [False, True])
 @pytest.mark.parametrize("activation", sorted(WORKLOADS))
 def test_fused_layer_lowers_to_mosaic_gpu(activation, grad):
     """implementation="mosaic_gpu" at seed shapes, T = 2293 (T·k rows off the 8-row TMA boxes):
-    the matmuls lower to Mosaic GPU; combine, dlhs_glu and the bias sums stay Triton."""
+    the matmuls lower to Mosaic GPU; combine and the bias sums stay Triton."""
     text = lower_for_h200(_layer(activation, "mosaic_gpu", grad), *_layer_args(activation, 2293))
     kernels = text.count("mosaic_gpu_v2"), triton_calls(text)
-    # forward: gate_up, down (Mosaic GPU) + combine; backward adds tgmm x2 and dx's gmm (Mosaic
-    # GPU), dlhs_glu, the second combine and the bias sums (Triton)
-    assert kernels[0] >= (5 if grad else 2) and kernels[1] >= (3 if grad else 1), kernels
+    # forward: gate_up, down (Mosaic GPU) + combine; backward adds tgmm x2 and the gmm_t of g and
+    # dx (Mosaic GPU), the second combine and the bias sums (Triton)
+    assert kernels[0] >= (6 if grad else 2) and kernels[1] >= (2 if grad else 1), kernels
 
 
 def test_ragged_dot_and_tgmm_lower_to_triton():
@@ -123,14 +124,3 @@ def test_gmm_glu_epilogue_lowers_to_triton(activation):
         x, w, sizes, lhs_row_index=row_token, bias=bias, activation=activation
     )
     assert triton_calls(lower_for_h200(glu_gmm, *args)) == 1
-
-
-@pytest.mark.parametrize("tokens", [1, 4])
-@pytest.mark.parametrize("activation", sorted(WORKLOADS))
-def test_decode_kernels_lower_to_triton(activation, tokens):
-    """The sort-free few-token forward at seed shapes: its gate_up and down(+combine) kernels,
-    and nothing else that launches a Triton kernel."""
-    from moe_pallas.kernels.decode import decode_experts
-
-    decode = lambda x, i, w, p: decode_experts(x, i, w, p, activation)
-    assert triton_calls(lower_for_h200(decode, *_layer_args(activation, tokens))) == 2

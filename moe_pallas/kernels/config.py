@@ -16,7 +16,7 @@ class BlockConfig:
     block_m: int = 64
     block_n: int = 128
     block_k: int = 64
-    # gmm, dlhs_glu: m-tiles walked together across n (weight slabs reused from L2);
+    # gmm: m-tiles walked together across n (weight slabs reused from L2);
     # tgmm: output n-tiles one program walks in one pipelined loop.
     group_m: int = 8
     num_warps: int = 4
@@ -38,7 +38,7 @@ class BlockConfig:
 
 # BEGIN TABLE (autotune_gmm.py)
 _TABLE: dict[tuple[str, str], BlockConfig] = {
-    ("gmm", "large"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
+    ("gmm", "large"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4),
     ("gmm", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4),
     ("gmm", "tiny"): BlockConfig(16, 128, 128, group_m=8, num_warps=4, num_stages=3),
     ("gmm_glu", "large"): BlockConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3),
@@ -47,7 +47,7 @@ _TABLE: dict[tuple[str, str], BlockConfig] = {
     ("gmm_t", "large"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
     ("gmm_t", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4),
     ("gmm_t", "tiny"): BlockConfig(16, 64, 128, group_m=8, num_warps=4, num_stages=4),
-    ("tgmm", "large"): BlockConfig(32, 128, 128, group_m=1, num_warps=4, num_stages=4),
+    ("tgmm", "large"): BlockConfig(64, 128, 128, group_m=8, num_warps=4, num_stages=3),
     ("tgmm", "small"): BlockConfig(64, 128, 128, group_m=8, num_warps=4, num_stages=3),
     ("tgmm", "tiny"): BlockConfig(32, 128, 128, group_m=1, num_warps=4, num_stages=4),
 }
