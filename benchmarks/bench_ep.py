@@ -130,12 +130,13 @@ def exchange_round_trip(mesh, exchange, tokens_per_device, top_k, experts, capac
     """The EP path with identity experts: sort, dispatch, return, combine."""
     shards = mesh.shape["expert"]
     axes = tuple(mesh.axis_names)
-    round_trip = parallel.round_trip_fn(exchange, ARGS.capacity_factor, axes)
+    use_kernel = moe_pallas.experts.resolve_implementation(ARGS.implementation) != "xla"
+    round_trip = parallel.round_trip_fn(exchange, ARGS.capacity_factor, axes, use_kernel)
 
     def body(x, idx, w):
         plan = parallel._plan(idx, experts // shards, shards)
         trip = round_trip(x, w, plan, lambda xr, _e, _w: xr, "expert", experts // shards, capacity)
-        return jnp.sum(trip.y_pair.astype(jnp.float32).reshape(*idx.shape, -1), 1).astype(x.dtype)
+        return parallel.trip_output(trip, idx.shape, use_kernel).astype(x.dtype)
 
     shard = jax.shard_map(
         body, mesh=mesh, in_specs=(P(axes),) * 3, out_specs=P(axes), check_vma=False

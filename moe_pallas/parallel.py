@@ -44,6 +44,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moe_pallas import debug, experts
+from moe_pallas.kernels.combine import combine
 
 Exchange = Literal["auto", "all_to_all", "ragged"]
 EXCHANGES: tuple[str, ...] = ("auto", "all_to_all", "ragged")
@@ -108,10 +109,65 @@ ApplyFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 
 class _RoundTrip(NamedTuple):
-    y_pair: jax.Array  # [M, H] weighted expert output of each pair, zero where not computed
-    kept: jax.Array  # [M] pairs computed (valid expert id and within capacity)
+    y_back: jax.Array  # [R, H] weighted expert outputs, back in this device's send-slot order
+    token_of_slot: jax.Array  # [R] token of each send slot, -1 for an empty slot
+    slot_of_pair: jax.Array  # [M] slot of each (token, j) pair, -1 where not computed
     received: jax.Array  # [] rows this device computed
     spilled: jax.Array | int = 0  # [] of those, rows that came in a second all_to_all round
+
+
+def _gather_slots(x, token_of_slot):
+    return jnp.where((token_of_slot >= 0)[:, None], x[jnp.maximum(token_of_slot, 0)], 0)
+
+
+def _sum_slots(rows, slot_of_pair, use_kernel):
+    """out[t] = sum_j rows[slot_of_pair[t, j]] in float32, j ascending; -1 adds nothing."""
+    if use_kernel:
+        return combine(rows, slot_of_pair, out_dtype=jnp.float32)
+    out = jnp.zeros((slot_of_pair.shape[0], rows.shape[1]), jnp.float32)
+    for j in range(slot_of_pair.shape[1]):
+        out += _gather_slots(rows, slot_of_pair[:, j]).astype(jnp.float32)
+    return out
+
+
+# The two linear maps between tokens and send slots, each the other's transpose. As custom VJPs
+# the backward of each is the other map: a row gather and a gather-sum, where XLA's own
+# transposes are scatter-adds. XLA also fused the forward's gathers, masks and k-sum into one
+# reduction that took 1.7 ms of the 6.0 ms SwiGLU forward on 2 H200s at T = 2048 per GPU (profile,
+# benchmarks/results/2026-11-30_h200_session4/).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _to_slots(x, token_of_slot, slot_of_pair, use_kernel):
+    """x_send[s] = x[token_of_slot[s]] (zero rows for empty slots); slot_of_pair [T, k]."""
+    return _gather_slots(x, token_of_slot)
+
+
+def _to_slots_fwd(x, token_of_slot, slot_of_pair, use_kernel):
+    return _gather_slots(x, token_of_slot), slot_of_pair
+
+
+def _to_slots_bwd(use_kernel, slot_of_pair, d_send):
+    return _sum_slots(d_send, slot_of_pair, use_kernel).astype(d_send.dtype), None, None
+
+
+_to_slots.defvjp(_to_slots_fwd, _to_slots_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _from_slots(y_back, token_of_slot, slot_of_pair, use_kernel, dtype):
+    """out[t] = sum_j y_back[slot_of_pair[t, j]] in float32 (slot_of_pair as [T, k]); dtype is
+    y_back's."""
+    return _sum_slots(y_back, slot_of_pair, use_kernel)
+
+
+def _from_slots_fwd(y_back, token_of_slot, slot_of_pair, use_kernel, dtype):
+    return _sum_slots(y_back, slot_of_pair, use_kernel), token_of_slot
+
+
+def _from_slots_bwd(use_kernel, dtype, token_of_slot, d_out):
+    return _gather_slots(d_out.astype(dtype), token_of_slot), None, None
+
+
+_from_slots.defvjp(_from_slots_fwd, _from_slots_bwd)
 
 
 def _meta(local_expert, weight):
@@ -120,29 +176,28 @@ def _meta(local_expert, weight):
     return jnp.stack([local_expert.astype(jnp.float32), weight.astype(jnp.float32)], axis=-1)
 
 
-def _slots(x, weight, plan: _Plan, experts_per_shard, capacity, first):
-    """Send buffers [S*C, H] and [S*C, 2]: slot (d, c) carries sorted row start[d] + first + c,
-    i.e. the rows of ranks [first, first + C) for each destination; empty slots get a masked id."""
-    num_shards, top_k = plan.counts.shape[0], weight.shape[1]
+def _slot_maps(plan: _Plan, top_k, capacity, first):
+    """Slots (d, c) for the ranks [first, first + C) of each destination d, slot d*C + c holding
+    sorted row start[d] + first + c: (token_of_slot [S*C], slot_of_pair [M], filled [S, C],
+    sorted_row [S, C])."""
+    num_shards = plan.counts.shape[0]
     slot = first + jnp.arange(capacity, dtype=jnp.int32)
     filled = slot[None, :] < plan.counts[:, None]  # [S, C]
     sorted_row = jnp.where(filled, plan.start[:, None] + slot[None, :], 0)
+    token_of_slot = jnp.where(filled, plan.order[sorted_row] // top_k, -1).reshape(-1)
+    kept = (plan.dest < num_shards) & (plan.rank >= first) & (plan.rank < first + capacity)
+    slot_of_pair = jnp.where(kept, plan.dest * capacity + plan.rank - first, -1)
+    return token_of_slot, slot_of_pair, filled, sorted_row
+
+
+def _slot_meta(weight, plan: _Plan, experts_per_shard, filled, sorted_row):
+    """[S*C, 2] local expert id (experts_per_shard, i.e. masked, for empty slots) and weight."""
     pair = plan.order[sorted_row]
-    shard = jnp.arange(num_shards, dtype=jnp.int32)[:, None]
+    shard = jnp.arange(plan.counts.shape[0], dtype=jnp.int32)[:, None]
     local = jnp.where(
         filled, plan.sorted_expert[sorted_row] - shard * experts_per_shard, experts_per_shard
     )
-    x_send = jnp.where(filled[..., None], x[pair // top_k], 0).reshape(num_shards * capacity, -1)
-    meta_send = _meta(local, jnp.where(filled, weight.reshape(-1)[pair], 0)).reshape(-1, 2)
-    return x_send, meta_send
-
-
-def _rows_back(y_back, plan: _Plan, capacity, first):
-    """(y_pair [M, H], kept [M]): each pair's row of the returned [S*C, H] slots, zero elsewhere."""
-    num_shards = plan.counts.shape[0]
-    kept = (plan.dest < num_shards) & (plan.rank >= first) & (plan.rank < first + capacity)
-    slot = jnp.where(kept, plan.dest * capacity + plan.rank - first, 0)
-    return jnp.where(kept[:, None], y_back[slot], 0), kept
+    return _meta(local, jnp.where(filled, weight.reshape(-1)[pair], 0)).reshape(-1, 2)
 
 
 def _all_to_all(a, axis):
@@ -150,19 +205,21 @@ def _all_to_all(a, axis):
 
 
 def _all_to_all_round_trip(
-    x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity
+    x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity, use_kernel
 ):
     """Fixed slots, C rows per (source, destination) pair; ranks past C are dropped."""
-    x_send, meta_send = _slots(x, weight, plan, experts_per_shard, capacity, 0)
+    token_of_slot, slot_of_pair, filled, sorted_row = _slot_maps(plan, weight.shape[1], capacity, 0)
+    x_send = _to_slots(x, token_of_slot, slot_of_pair.reshape(weight.shape), use_kernel)
+    meta_send = _slot_meta(weight, plan, experts_per_shard, filled, sorted_row)
     x_recv, meta = _all_to_all(x_send, axis), _all_to_all(meta_send, axis)
     local_recv = meta[:, 0].astype(jnp.int32)
     y = apply(x_recv, local_recv, meta[:, 1].astype(weight.dtype))
-    y_pair, kept = _rows_back(_all_to_all(y, axis), plan, capacity, 0)
-    return _RoundTrip(y_pair, kept, jnp.sum(local_recv < experts_per_shard, dtype=jnp.int32))
+    received = jnp.sum(local_recv < experts_per_shard, dtype=jnp.int32)
+    return _RoundTrip(_all_to_all(y, axis), token_of_slot, slot_of_pair, received)
 
 
 def _dropless_all_to_all_round_trip(
-    x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity, mesh_axes
+    x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity, use_kernel, mesh_axes
 ):
     """C rows per pair, then, only when some pair anywhere on the mesh holds more (a pmax over
     every axis, so all devices take the same branch and no collective waits for a peer that
@@ -177,40 +234,46 @@ def _dropless_all_to_all_round_trip(
     """
     spill = plan.order.shape[0] - capacity
     if spill <= 0:
-        return _all_to_all_round_trip(x, weight, plan, apply, axis, experts_per_shard, capacity)
-    num_shards = plan.counts.shape[0]
+        return _all_to_all_round_trip(
+            x, weight, plan, apply, axis, experts_per_shard, capacity, use_kernel
+        )
+    num_shards, top_k = plan.counts.shape[0], weight.shape[1]
     overflow = jax.lax.pmax(jnp.max(plan.counts), mesh_axes) > capacity
-    first = [_all_to_all(a, axis) for a in _slots(x, weight, plan, experts_per_shard, capacity, 0)]
-
-    def second_round():
-        sent = _slots(x, weight, plan, experts_per_shard, spill, capacity)
-        return tuple(_all_to_all(a, axis) for a in sent)
-
-    def skipped():  # what a round of empty slots would deliver
-        slots = num_shards * spill
-        masked = _meta(jnp.full((slots,), experts_per_shard), jnp.zeros((slots,)))
-        return jnp.zeros((slots, x.shape[1]), x.dtype), masked
-
-    second = jax.lax.cond(overflow, second_round, skipped)
-    x_recv, meta = (jnp.concatenate(pair) for pair in zip(first, second))
-    local_recv = meta[:, 0].astype(jnp.int32)
-    y = apply(x_recv, local_recv, meta[:, 1].astype(weight.dtype))
+    first, second = _slot_maps(plan, top_k, capacity, 0), _slot_maps(plan, top_k, spill, capacity)
     split = num_shards * capacity
-    y_first, kept_first = _rows_back(_all_to_all(y[:split], axis), plan, capacity, 0)
-    y_second_back = jax.lax.cond(
-        overflow, lambda: _all_to_all(y[split:], axis), lambda: jnp.zeros_like(y[split:])
+    token_of_slot = jnp.concatenate([first[0], second[0]])
+    slot_of_pair = jnp.where(
+        first[1] >= 0, first[1], jnp.where(second[1] >= 0, split + second[1], -1)
     )
-    y_second, kept_second = _rows_back(y_second_back, plan, spill, capacity)
+    # Without an overflow the second round's slots are all empty (zero rows, masked ids): the
+    # skipped branch keeps them as they are instead of exchanging them.
+    x_send = _to_slots(x, token_of_slot, slot_of_pair.reshape(weight.shape), use_kernel)
+    meta_send = jnp.concatenate(
+        [_slot_meta(weight, plan, experts_per_shard, *m[2:]) for m in (first, second)]
+    )
+    x_first, meta_first = _all_to_all(x_send[:split], axis), _all_to_all(meta_send[:split], axis)
+    x_second, meta_second = jax.lax.cond(
+        overflow,
+        lambda: (_all_to_all(x_send[split:], axis), _all_to_all(meta_send[split:], axis)),
+        lambda: (x_send[split:], meta_send[split:]),
+    )
+    meta = jnp.concatenate([meta_first, meta_second])
+    local_recv = meta[:, 0].astype(jnp.int32)
+    y = apply(jnp.concatenate([x_first, x_second]), local_recv, meta[:, 1].astype(weight.dtype))
+    y_second = jax.lax.cond(overflow, lambda: _all_to_all(y[split:], axis), lambda: y[split:])
     computed = local_recv < experts_per_shard
     return _RoundTrip(
-        y_first + y_second,  # disjoint rows: exact
-        kept_first | kept_second,
+        jnp.concatenate([_all_to_all(y[:split], axis), y_second]),
+        token_of_slot,
+        slot_of_pair,
         jnp.sum(computed, dtype=jnp.int32),
         jnp.sum(computed[split:], dtype=jnp.int32),
     )
 
 
-def _ragged_round_trip(x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity):
+def _ragged_round_trip(
+    x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per_shard, capacity, use_kernel
+):
     """Ragged slices: source s writes its rows for d at offset sum_{s'<s} counts[s'][d] of d's
     buffer of `capacity` rows; what does not fit is not sent, so rows [0, received) are filled."""
     num_shards, top_k = plan.counts.shape[0], weight.shape[1]
@@ -230,26 +293,40 @@ def _ragged_round_trip(x, weight, plan: _Plan, apply: ApplyFn, axis, experts_per
     forward = (send_offset[me], sent[me], recv_offset[me], sent[:, me])
     backward = (recv_offset[:, me], sent[:, me], send_offset[:, me], sent[me])
     pair = plan.order
+    kept = (plan.dest < num_shards) & (plan.rank < sent[me][jnp.minimum(plan.dest, num_shards - 1)])
+    # The send slots are the sorted rows; slot r holds pair order[r].
+    token_of_slot = jnp.where(kept[pair], pair // top_k, -1)
+    slot_of_pair = jnp.where(kept, plan.row_of_pair, -1)
     sorted_shard = jnp.minimum(plan.sorted_expert // experts_per_shard, num_shards - 1)
-    x_recv = exchange(x[pair // top_k], capacity, *forward)
+    x_send = _to_slots(x, token_of_slot, slot_of_pair.reshape(weight.shape), use_kernel)
+    x_recv = exchange(x_send, capacity, *forward)
     local = plan.sorted_expert - sorted_shard * experts_per_shard
     meta = exchange(_meta(local, weight.reshape(-1)[pair]), capacity, *forward)
     filled = jnp.arange(capacity) < received
     local_recv = jnp.where(filled, meta[:, 0].astype(jnp.int32), experts_per_shard)
     y = apply(x_recv, local_recv, meta[:, 1].astype(weight.dtype))
-    y_sorted = exchange(y, pair.shape[0], *backward)
-    kept = (plan.dest < num_shards) & (plan.rank < sent[me][jnp.minimum(plan.dest, num_shards - 1)])
-    y_pair = jnp.where(kept[:, None], y_sorted[plan.row_of_pair], 0)
-    return _RoundTrip(y_pair, kept, received)
+    y_back = exchange(y, pair.shape[0], *backward)
+    return _RoundTrip(y_back, token_of_slot, slot_of_pair, received)
 
 
-def round_trip_fn(exchange: str, capacity_factor: float | None, mesh_axes: tuple[str, ...]):
-    """The exchange round trip `moe_experts` runs (benchmarks/bench_ep.py times it alone)."""
+def trip_output(trip: _RoundTrip, pair_shape: tuple[int, int], use_kernel: bool) -> jax.Array:
+    """out [T, H] float32: each token's k computed rows of a round trip, summed in slot order."""
+    slot_of_pair = trip.slot_of_pair.reshape(pair_shape)
+    return _from_slots(trip.y_back, trip.token_of_slot, slot_of_pair, use_kernel, trip.y_back.dtype)
+
+
+def round_trip_fn(
+    exchange: str, capacity_factor: float | None, mesh_axes: tuple[str, ...], use_kernel: bool
+):
+    """The exchange round trip `moe_experts` runs (benchmarks/bench_ep.py times it alone);
+    use_kernel: the token <-> slot gather-sums run the Pallas combine kernel, else XLA."""
     if exchange == "ragged":
-        return _ragged_round_trip
-    if capacity_factor is None:
-        return functools.partial(_dropless_all_to_all_round_trip, mesh_axes=mesh_axes)
-    return _all_to_all_round_trip
+        fn = _ragged_round_trip
+    elif capacity_factor is None:
+        fn = functools.partial(_dropless_all_to_all_round_trip, mesh_axes=mesh_axes)
+    else:
+        fn = _all_to_all_round_trip
+    return functools.partial(fn, use_kernel=use_kernel)
 
 
 def resolve_exchange(exchange: str) -> str:
@@ -377,7 +454,8 @@ def moe_experts_parallel(
     rows = (num_tokens + pad) // mesh.size * top_k
     capacity = capacity_rows(exchange, rows, num_shards, capacity_factor)
     axes = tuple(mesh.axis_names)
-    round_trip = round_trip_fn(exchange, capacity_factor, axes)
+    use_kernel = experts.resolve_implementation(implementation) != "xla"
+    round_trip = round_trip_fn(exchange, capacity_factor, axes, use_kernel)
     other_axes = tuple(a for a in axes if a != expert_axis)
 
     def shard_body(x, topk_idx, topk_weight, params):
@@ -394,9 +472,9 @@ def moe_experts_parallel(
 
         plan = _plan(topk_idx, experts_per_shard, num_shards)
         trip = round_trip(x, topk_weight, plan, apply, expert_axis, experts_per_shard, capacity)
-        out = jnp.sum(trip.y_pair.astype(jnp.float32).reshape(*topk_idx.shape, -1), axis=1)
+        out = trip_output(trip, topk_idx.shape, use_kernel)
         dropped = jnp.sum(plan.dest < num_shards, dtype=jnp.int32) - jnp.sum(
-            trip.kept, dtype=jnp.int32
+            trip.slot_of_pair >= 0, dtype=jnp.int32
         )
         received = trip.received[None]
         if other_axes:

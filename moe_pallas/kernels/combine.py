@@ -1,7 +1,7 @@
 """Deterministic combine: out[t] = sum_{j<k} rows[pair_row[t, j]], Pallas Triton lowering.
 
 Math. `rows[M, H]` holds one (already weighted) expert output per expert-sorted row; `pair_row[T, k]`
-names the row of each token's j-th slot. Each token's k rows are added in float32 in the fixed order
+names the row of each token's j-th slot (a negative entry adds nothing). Each token's k rows are added in float32 in the fixed order
 j = 0, 1, ..., k-1 and rounded once to `out_dtype`. There are no atomics and no data-dependent order,
 so the result is bitwise reproducible from run to run. The same kernel sums dx rows in the backward.
 
@@ -38,8 +38,11 @@ def _combine_kernel(pair_row_ref, rows_ref, out_ref, *, num_tokens, hidden, top_
     acc = jnp.zeros((bt, bh), jnp.float32)
     for j in range(top_k):  # fixed order: the float32 sum is reproducible
         # jnp.int32(j), not j: interpret mode rejects Python ints next to a pl.ds indexer.
-        r = plgpu.load(pair_row_ref.at[jnp.int32(j), pl.ds(t0, bt)], mask=t_ok, other=0)
-        y = plgpu.load(rows_ref.at[r[:, None], cols[None, :]], mask=mask, other=0)
+        r = plgpu.load(pair_row_ref.at[jnp.int32(j), pl.ds(t0, bt)], mask=t_ok, other=-1)
+        # A negative row adds nothing (no load: the expert-parallel exchange marks pairs
+        # computed nowhere so).
+        r_mask = mask & (r >= 0)[:, None]
+        y = plgpu.load(rows_ref.at[jnp.maximum(r, 0)[:, None], cols[None, :]], mask=r_mask, other=0)
         acc += y.astype(jnp.float32)
     plgpu.store(out_ref.at[pl.ds(t0, bt), pl.ds(h0, bh)], acc.astype(out_ref.dtype), mask=mask)
 
@@ -55,7 +58,8 @@ def combine(
 ) -> jax.Array:
     """`out[T, H] = sum_j rows[pair_row[t, j]]` (float32 sum in slot order), see module docstring.
 
-    rows `[M, H]`; pair_row `[T, k]` int32 with entries in [0, M); returns `[T, H]` in out_dtype
+    rows `[M, H]`; pair_row `[T, k]` int32 with entries in [0, M), or negative for a slot that
+    adds nothing; returns `[T, H]` in out_dtype
     (default rows.dtype).
     """
     if rows.ndim != 2 or pair_row.ndim != 2:
