@@ -164,7 +164,7 @@ def test_grad_matches_reference(activation, dtype, t, h, i, e, k, mode):
 @pytest.mark.parametrize("activation,mode", [("gptoss", "masked"), ("swiglu", "empty")])
 def test_mosaic_gpu_layer_matches_reference(activation, mode):
     """implementation="mosaic_gpu": Mosaic GPU gmm/tgmm (interpret mode off GPU) beside the Triton
-    dlhs_glu and combine. bf16 (wgmma's dtype), H and I multiples of 64, M = 39 rows (not a
+    combine. bf16 (wgmma's dtype), H and I multiples of 64, M = 39 rows (not a
     multiple of the 8-row TMA boxes). The oracle rounds h to bf16 like the kernels."""
     rng = np.random.default_rng()
     x, idx, w, params = _problem(rng, activation, 13, 128, 64, 8, 3, jnp.bfloat16, mode)
