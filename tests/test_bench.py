@@ -4,6 +4,10 @@ end to end on CPU with tiny shapes (no timings are asserted)."""
 import csv
 import dataclasses
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +17,7 @@ import pytest
 from benchmarks import cases, impls, run, sol
 
 H200 = sol.DEVICES["h200"]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _layer_sol_ms(workload, tokens, hit=None, train=False):
@@ -225,3 +230,30 @@ def test_autotune_rewrites_a_loadable_table(tmp_path):
     for kernel in ("gmm", "gmm_glu", "gmm_t", "tgmm"):
         assert fields(tuned._TABLE[(kernel, "small")]) in map(fields, autotune_gmm.SMALL_CANDIDATES)
         assert fields(tuned._TABLE[(kernel, "large")]) == fields(config._TABLE[(kernel, "large")])
+
+
+def test_expert_parallel_benchmark_and_profile_on_simulated_devices(tmp_path):
+    """bench_ep.py and profile_ep.py in --small mode (2 simulated CPU devices, subprocesses: the
+    device count is fixed before jax starts): the EP layer equals one device, every step is
+    timed, and the profile summarises each traced call."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+    common = ["--small", "--out", str(tmp_path), "--tokens", "32"]
+    for script in ("bench_ep", "profile_ep"):
+        run_ = subprocess.run(
+            [sys.executable, "-m", f"benchmarks.{script}", *common],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env=env,
+            timeout=300,
+            check=False,
+        )
+        assert run_.returncode == 0, run_.stderr[-3000:]
+        if script == "profile_ep":
+            for call in ("fwd#1", "exchange#1", "train#1"):
+                assert f"=== {call}" in run_.stdout, run_.stdout[-2000:]
+    (result,) = tmp_path.glob("ep_swiglu_2dev_*.json")
+    data = json.loads(result.read_text())
+    assert data["correctness"]["fwd_rel_err"] < 1e-2 and data["correctness"]["grad_rel_err"] < 5e-2
+    assert {r["mode"] for r in data["rows"]} == {"fwd", "fwd+bwd"}
+    assert all(r["ms_ep"] > 0 and r.get("dropped_rows", 0) == 0 for r in data["rows"])
