@@ -95,6 +95,17 @@ def compare(ep_fn, x, idx, w, params, activation, grads=True):
     return {"fwd": rel(out, ref), "grad": max(rel(a, b) for a, b in zip(leaves, ref_leaves))}
 
 
+def ep_layer(mesh, activation="swiglu", implementation="xla", **options):
+    """`moe_experts` on `mesh` with these expert-parallel options."""
+    return partial(
+        moe_pallas.moe_experts,
+        activation=activation,
+        implementation=implementation,
+        mesh=mesh,
+        **options,
+    )
+
+
 def expected_kept(idx, E, S, num_devices, exchange, capacity):
     """The pairs each exchange computes, from its definition (tokens blocked over devices)."""
     idx = np.asarray(idx)
@@ -125,15 +136,7 @@ def drop_case(exchange, S, data, capacity_factor, seed):
     x, idx, w, params = make_inputs(seed, T, E, k, hot=48)
     mesh = moe_pallas.expert_mesh(S, data)
     fn = jax.jit(
-        partial(
-            moe_pallas.moe_experts,
-            activation="swiglu",
-            implementation="xla",
-            mesh=mesh,
-            exchange=exchange,
-            capacity_factor=capacity_factor,
-            return_stats=True,
-        )
+        ep_layer(mesh, exchange=exchange, capacity_factor=capacity_factor, return_stats=True)
     )
     out, stats = fn(x, idx, w, params)
     kept = expected_kept(idx, E, S, mesh.size, exchange, stats["capacity_rows"])
@@ -155,13 +158,7 @@ def spill_case(balanced):
     x, idx, w, params = make_inputs(11, 64, 16, 2)
     t = jnp.arange(64)[:, None]
     idx = (t + jnp.array([0, 8])) % 16 if balanced else idx.at[:, 0].set(3)
-    fn = partial(
-        moe_pallas.moe_experts,
-        activation="swiglu",
-        implementation="xla",
-        mesh=moe_pallas.expert_mesh(2, 4),
-        exchange="all_to_all",
-    )
+    fn = ep_layer(moe_pallas.expert_mesh(2, 4), exchange="all_to_all")
     result = compare(fn, x, idx, w, params, "swiglu")
     _, stats = jax.jit(partial(fn, return_stats=True))(x, idx, w, params)
     result.update(
@@ -176,13 +173,7 @@ def ragged_lowers():
     """The real ragged_all_to_all path traces and lowers, forward and backward (no CPU run)."""
     x, idx, w, params = make_inputs(7, 32, 16, 2)
     mesh = moe_pallas.expert_mesh(4, 2)
-    fn = partial(
-        moe_pallas.moe_experts,
-        activation="swiglu",
-        implementation="xla",
-        mesh=mesh,
-        exchange="ragged",
-    )
+    fn = ep_layer(mesh, exchange="ragged")
     loss = lambda x, w, p: jnp.sum(fn(x, idx, w, p) ** 2)
     text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, w, params).as_text()
     return {"ragged_ops": text.count("ragged_all_to_all")}
@@ -195,16 +186,7 @@ def debug_raises():
     raised = {}
     for name, ids, factor in [("drop", idx, 0.5), ("bad_id", idx.at[3, 1].set(99), None)]:
         with moe_pallas.debug_checks():
-            fn = jax.jit(
-                partial(
-                    moe_pallas.moe_experts,
-                    activation="swiglu",
-                    implementation="xla",
-                    mesh=mesh,
-                    exchange="all_to_all",
-                    capacity_factor=factor,
-                )
-            )
+            fn = jax.jit(ep_layer(mesh, exchange="all_to_all", capacity_factor=factor))
             try:
                 jax.block_until_ready(fn(x, ids, w, params))
                 raised[name] = ""
@@ -231,11 +213,10 @@ def errors():
 def main():
     results = {"ragged_lowers": ragged_lowers()}
     jax.lax.ragged_all_to_all = emulated_ragged_all_to_all
-    ep = lambda mesh, **kw: partial(moe_pallas.moe_experts, implementation="xla", mesh=mesh, **kw)
 
     x, idx, w, params = make_inputs(1, 64, 16, 4)
     results["a2a_ep8"] = compare(
-        ep(moe_pallas.expert_mesh(8), activation="swiglu", exchange="all_to_all"),
+        ep_layer(moe_pallas.expert_mesh(8), activation="swiglu", exchange="all_to_all"),
         x,
         idx,
         w,
@@ -244,7 +225,7 @@ def main():
     )
     x, idx, w, params = make_inputs(2, 37, 16, 4, bias=True, invalid=5)
     results["a2a_ep4_data2_gptoss_tail"] = compare(
-        ep(moe_pallas.expert_mesh(4, 2), activation="gptoss", exchange="all_to_all"),
+        ep_layer(moe_pallas.expert_mesh(4, 2), activation="gptoss", exchange="all_to_all"),
         x,
         idx,
         w,
@@ -253,7 +234,7 @@ def main():
     )
     x, idx, w, params = make_inputs(3, 64, 16, 4, dtype=jnp.bfloat16)
     results["a2a_ep2_data4_bf16"] = compare(
-        ep(moe_pallas.expert_mesh(2, 4), activation="swiglu", exchange="all_to_all"),
+        ep_layer(moe_pallas.expert_mesh(2, 4), activation="swiglu", exchange="all_to_all"),
         x,
         idx,
         w,
@@ -264,7 +245,7 @@ def main():
     x, idx, w, params = make_inputs(4, 16, 16, 1)
     idx = jnp.full_like(idx, 3)  # one hot expert: shard 1 gets every row, the others none
     results["a2a_one_hot_expert"] = compare(
-        ep(moe_pallas.expert_mesh(8), activation="swiglu", exchange="all_to_all"),
+        ep_layer(moe_pallas.expert_mesh(8), activation="swiglu", exchange="all_to_all"),
         x,
         idx,
         w,
@@ -273,7 +254,7 @@ def main():
     )
     x, idx, w, params = make_inputs(5, 40, 16, 2)
     results["ragged_ep8_emulated"] = compare(
-        ep(moe_pallas.expert_mesh(8), activation="swiglu", exchange="ragged"),
+        ep_layer(moe_pallas.expert_mesh(8), activation="swiglu", exchange="ragged"),
         x,
         idx,
         w,
@@ -282,7 +263,9 @@ def main():
     )
     x, idx, w, params = make_inputs(6, 1, 8, 2)
     results["explicit_mesh_T1"] = compare(
-        ep(jax.make_mesh((2, 4), ("data", "expert")), activation="swiglu", exchange="all_to_all"),
+        ep_layer(
+            jax.make_mesh((2, 4), ("data", "expert")), activation="swiglu", exchange="all_to_all"
+        ),
         x,
         idx,
         w,
@@ -293,11 +276,10 @@ def main():
     # The Pallas kernels (interpret mode here) inside shard_map: the GPU's default path.
     x, idx, w, params = make_inputs(10, 12, 8, 2, bias=True)
     results["a2a_ep2_pallas_gptoss"] = compare(
-        partial(
-            moe_pallas.moe_experts,
-            implementation="pallas_triton",
-            mesh=moe_pallas.expert_mesh(2, 4),
+        ep_layer(
+            moe_pallas.expert_mesh(2, 4),
             activation="gptoss",
+            implementation="pallas_triton",
             exchange="all_to_all",
         ),
         x,
