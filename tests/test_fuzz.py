@@ -3,7 +3,8 @@
 Drawn per example: the shape (from a pool, so each shape compiles once: interpret mode on CPU,
 bigger shapes on the GPU), dtype, number of groups/experts and k, the group-size or routing
 distribution (uniform, Zipf-skewed, all in one group, most groups empty, rows past the last
-group, out-of-range expert ids), and fresh random values. Checked: relative error
+group, out-of-range expert ids), and fresh random values (drawn on the device; the float64
+oracles are jitted and run there too, under jax.enable_x64). Checked: relative error
 ‖out − ref‖/‖ref‖ of forward and gradients, exact zeros where the math says zero (rows past the
 groups, empty groups), and every output finite (interpret mode pre-fills outputs with NaN, so a
 never-written element fails).
@@ -28,6 +29,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from moe_pallas import dispatch, moe_experts, ragged_dot, tgmm
+from moe_pallas.activations import glu, split_gate_up
 from moe_pallas.kernels import BlockConfig, gmm
 from moe_pallas.reference import moe_experts_reference
 
@@ -146,28 +148,61 @@ def _group_sizes(rng, kind: str, num_groups: int, rows: int) -> np.ndarray:
 
 
 def _values(rng, shape, dtype, scale=1.0):
-    """Random values in `dtype`, returned with their exact float64 copy for the oracle."""
-    x = jnp.asarray(scale * rng.standard_normal(shape), dtype)
-    return x, np.asarray(x, np.float64)
+    """Random values in `dtype`, drawn on the device (numpy's generator took most of an
+    example's time at the GPU pool's sizes); the oracles upcast them exactly to float64."""
+    key = jax.random.key(int(rng.integers(2**31)))
+    return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
 
-def _segments(sizes):
-    ends = np.cumsum(sizes)
-    return zip(range(len(sizes)), ends - sizes, ends)
+# float64 oracles, jitted and run on the device under jax.enable_x64 (host loops over groups took
+# most of an example's time on the GPU). A [M, G] one-hot of each row's group selects the
+# operands; rows past sum(sizes) belong to no group and come out zero.
+def _one_hot_groups(sizes, rows):
+    row_group = jnp.searchsorted(jnp.cumsum(sizes), jnp.arange(rows), side="right")
+    return (row_group[:, None] == jnp.arange(sizes.shape[0])).astype(jnp.float64)
 
 
+def _f64(*arrays):
+    return [None if a is None else a.astype(jnp.float64) for a in arrays]
+
+
+_HI = jax.lax.Precision.HIGHEST
+
+
+def _gmm64(groups, a, b):  # a [M, K], b [G, K, N] -> [M, N]
+    return jnp.einsum("mg,mk,gkn->mn", groups, a, b, precision=_HI)
+
+
+def _gmm_t64(groups, a, b):  # a [M, N], b [G, K, N] -> [M, K]
+    return jnp.einsum("mg,mn,gkn->mk", groups, a, b, precision=_HI)
+
+
+def _tgmm64(groups, a, c):  # a [M, K], c [M, N] -> [G, K, N]
+    return jnp.einsum("mg,mk,mn->gkn", groups, a, c, precision=_HI)
+
+
+@jax.jit
 def _ragged64(lhs, rhs, sizes, d_out):
     """float64 ragged_dot, its lhs and rhs gradients for cotangent d_out."""
-    out, d_lhs, d_rhs = (
-        np.zeros((lhs.shape[0], rhs.shape[2])),
-        np.zeros_like(lhs),
-        np.zeros_like(rhs),
+    lhs, rhs, d_out = _f64(lhs, rhs, d_out)
+    groups = _one_hot_groups(sizes, lhs.shape[0])
+    return (
+        _gmm64(groups, lhs, rhs),
+        _gmm_t64(groups, d_out, rhs),
+        _tgmm64(groups, lhs, d_out),
     )
-    for g, a, b in _segments(sizes):
-        out[a:b] = lhs[a:b] @ rhs[g]
-        d_lhs[a:b] = d_out[a:b] @ rhs[g].T
-        d_rhs[g] = lhs[a:b].T @ d_out[a:b]
-    return out, d_lhs, d_rhs
+
+
+@jax.jit
+def _tgmm_vjp64(lhs, rhs, sizes, d_out):
+    """float64 tgmm(lhs, rhs) and its lhs and rhs gradients for cotangent d_out [G, K, N]."""
+    lhs, rhs, d_out = _f64(lhs, rhs, d_out)
+    groups = _one_hot_groups(sizes, lhs.shape[0])
+    return (
+        _tgmm64(groups, lhs, rhs),
+        _gmm_t64(groups, rhs, d_out),
+        _gmm64(groups, lhs, d_out),
+    )
 
 
 @functools.partial(jax.jit, static_argnames="impl")
@@ -205,13 +240,11 @@ def test_ragged_dot_matches_float64(seed, shape, dtype, kind, tail, impl):
         m, k, n, g = shape
         rng = np.random.default_rng(seed)
         sizes = _group_sizes(rng, kind, g, max(m - tail, 0))
-        (lhs, lhs64), (rhs, rhs64) = (
-            _values(rng, (m, k), dtype),
-            _values(rng, (g, k, n), dtype, k**-0.5),
-        )
-        d_out, d_out64 = _values(rng, (m, n), dtype)
+        lhs, rhs = _values(rng, (m, k), dtype), _values(rng, (g, k, n), dtype, k**-0.5)
+        d_out = _values(rng, (m, n), dtype)
         got = _ragged_vjp(lhs, rhs, jnp.asarray(sizes), d_out, impl)
-        want = _ragged64(lhs64, rhs64, sizes, d_out64)
+        with jax.enable_x64(True):
+            want = _ragged64(lhs, rhs, sizes, d_out)
         for name, a, b, tol in zip(("out", "d_lhs", "d_rhs"), got, want, (TOL, GRAD_TOL, GRAD_TOL)):
             assert a.shape == b.shape and a.dtype == dtype, name
             assert _rel_err(a, b) < tol[dtype], (name, _rel_err(a, b))
@@ -235,33 +268,27 @@ def test_tgmm_matches_float64(seed, shape, dtype, kind, tail):
         m, k, n, g = shape
         rng = np.random.default_rng(seed)
         sizes = _group_sizes(rng, kind, g, max(m - tail, 0))
-        (lhs, lhs64), (rhs, rhs64) = _values(rng, (m, k), dtype), _values(rng, (m, n), dtype)
-        d_out, d_out64 = _values(rng, (g, k, n), dtype)
+        lhs, rhs = _values(rng, (m, k), dtype), _values(rng, (m, n), dtype)
+        d_out = _values(rng, (g, k, n), dtype)
         out, d_lhs, d_rhs = _tgmm_vjp(lhs, rhs, jnp.asarray(sizes), d_out, "pallas_triton")
-        want_out, want_dl, want_dr = np.zeros((g, k, n)), np.zeros_like(lhs64), np.zeros_like(rhs64)
-        for grp, a, b in _segments(sizes):
-            want_out[grp] = lhs64[a:b].T @ rhs64[a:b]
-            want_dl[a:b] = rhs64[a:b] @ d_out64[grp].T
-            want_dr[a:b] = lhs64[a:b] @ d_out64[grp]
+        with jax.enable_x64(True):
+            want_out, want_dl, want_dr = _tgmm_vjp64(lhs, rhs, sizes, d_out)
         assert _rel_err(out, want_out) < TOL[dtype], _rel_err(out, want_out)
         assert _rel_err(d_lhs, want_dl) < GRAD_TOL[dtype]
         assert _rel_err(d_rhs, want_dr) < GRAD_TOL[dtype]
         assert not np.asarray(out[sizes == 0], np.float32).any(), "empty groups"
 
 
+@functools.partial(jax.jit, static_argnames="activation")
 def _epilogue64(lhs, rhs, sizes, row_index, bias, activation, row_scale):
     """float64 gmm with gather, bias, GLU and row scale (rows past the groups are zero)."""
-    from moe_pallas.activations import glu, split_gate_up
-
+    lhs, rhs, bias, row_scale = _f64(lhs, rhs, bias, row_scale)
     x = lhs[row_index] if row_index is not None else lhs
-    n = rhs.shape[2] // 2 if activation else rhs.shape[2]
-    out = np.zeros((x.shape[0], n))
-    for g, a, b in _segments(sizes):
-        h = x[a:b] @ rhs[g] + (bias[g] if bias is not None else 0)
-        if activation:
-            h = np.asarray(glu(*split_gate_up(jnp.asarray(h), activation), activation))
-        out[a:b] = h * (row_scale[a:b, None] if row_scale is not None else 1)
-    return out
+    groups = _one_hot_groups(sizes, x.shape[0])
+    h = _gmm64(groups, x, rhs) + (groups @ bias if bias is not None else 0)
+    if activation:
+        h = glu(*split_gate_up(h, activation), activation)
+    return h * (row_scale[:, None] if row_scale is not None else 1)
 
 
 @functools.partial(jax.jit, static_argnames=("activation", "config"))
@@ -311,14 +338,15 @@ def test_gmm_epilogues_match_float64(seed, shape, kind, epilogue, block):
         rng = np.random.default_rng(seed)
         sizes = _group_sizes(rng, kind, g, m)
         dtype = jnp.float32
-        lhs, lhs64 = _values(rng, (max(m // 2, 1) if gather else m, k), dtype)
-        rhs, rhs64 = _values(rng, (g, k, 2 * n), dtype, k**-0.5)
+        lhs = _values(rng, (max(m // 2, 1) if gather else m, k), dtype)
+        rhs = _values(rng, (g, k, 2 * n), dtype, k**-0.5)
         row_index = rng.integers(0, lhs.shape[0], m).astype(np.int32) if gather else None
-        bias, bias64 = _values(rng, (g, 2 * n), dtype) if has_bias else (None, None)
-        scale, scale64 = _values(rng, (m,), dtype) if has_scale else (None, None)
+        bias = _values(rng, (g, 2 * n), dtype) if has_bias else None
+        scale = _values(rng, (m,), dtype) if has_scale else None
         cfg = BlockConfig(block, block, block, group_m=2, num_warps=4, num_stages=2)
         got = _gmm_jit(lhs, rhs, jnp.asarray(sizes), row_index, bias, scale, activation, cfg)
-        want = _epilogue64(lhs64, rhs64, sizes, row_index, bias64, activation, scale64)
+        with jax.enable_x64(True):
+            want = _epilogue64(lhs, rhs, sizes, row_index, bias, activation, scale)
         assert _rel_err(got, want) < TOL[dtype], _rel_err(got, want)
 
 
@@ -350,11 +378,26 @@ def _experts_grads(x, idx, w, params, d_out, activation, impl):
 
 @functools.partial(jax.jit, static_argnames=("activation", "h_dtype"))
 def _reference_grads(x, idx, w, params, d_out, activation, h_dtype=None):
+    """float64 out and gradients; y[t, j] = expert_{idx[t, j]}(x[t]), unweighted."""
+    x, w, d_out = _f64(x, w, d_out)
+    params = {name: p.astype(jnp.float64) for name, p in params.items()}
     f = lambda x, w, p: moe_experts_reference(
         x, idx, w, p, activation=activation, dtype=jnp.float64, h_dtype=h_dtype
     )
     out, vjp = jax.vjp(f, x, w, params)
-    return out, vjp(d_out)
+    top_k = idx.shape[1]
+    y = [
+        moe_experts_reference(
+            x,
+            idx,
+            jnp.broadcast_to(jnp.eye(top_k)[j], idx.shape),
+            params,
+            activation=activation,
+            dtype=jnp.float64,
+        )
+        for j in range(top_k)
+    ]
+    return out, vjp(d_out), jnp.stack(y, axis=1)
 
 
 @given(
@@ -378,8 +421,8 @@ def test_moe_experts_matches_float64(seed, shape, dtype, activation, kind):
         tokens, hidden, inter, experts, top_k = shape
         rng = np.random.default_rng(seed)
         idx, w = _routing(rng, kind, tokens, experts, top_k)
-        x, x64 = _values(rng, (tokens, hidden), dtype)
-        params, params64 = {}, {}
+        x = _values(rng, (tokens, hidden), dtype)
+        params = {}
         specs = {
             "w_gate_up": ((experts, hidden, 2 * inter), hidden**-0.5),
             "w_down": ((experts, inter, hidden), inter**-0.5),
@@ -387,8 +430,8 @@ def test_moe_experts_matches_float64(seed, shape, dtype, activation, kind):
         if activation == "gptoss":  # biases big enough that the clamps at ±7 bite at times
             specs |= {"b_gate_up": ((experts, 2 * inter), 2.0), "b_down": ((experts, hidden), 1.0)}
         for name, (s, scale) in specs.items():
-            params[name], params64[name] = _values(rng, s, dtype, scale)
-        d_out, d_out64 = _values(rng, (tokens, hidden), dtype)
+            params[name] = _values(rng, s, dtype, scale)
+        d_out = _values(rng, (tokens, hidden), dtype)
         out, (dx, dw, dp) = _experts_grads(
             x, idx, jnp.asarray(w), params, d_out, activation, "pallas_triton"
         )
@@ -396,33 +439,17 @@ def test_moe_experts_matches_float64(seed, shape, dtype, activation, kind):
             # The fused path stores h in the input dtype, and its gpt-oss clamp derivatives step
             # at ±7: a bf16 h on the other side of 7 than the exact h flips an O(1) derivative.
             # The gradient oracle rounds h the same way (values only) so it sees the same side.
-            ref_out, (rdx, rdw, rdp) = _reference_grads(
-                x64, idx, np.float64(w), params64, d_out64, activation, h_dtype=jnp.dtype(dtype)
+            ref_out, (rdx, rdw, rdp), y = _reference_grads(
+                x, idx, w, params, d_out, activation, h_dtype=jnp.dtype(dtype)
             )
-            ref_out, rdx, rdw, rdp = jax.tree.map(np.asarray, (ref_out, rdx, rdw, rdp))
+            ref_out, rdx, rdw, rdp, y = jax.tree.map(np.asarray, (ref_out, rdx, rdw, rdp, y))
         assert out.dtype == dtype and _rel_err(out, ref_out) < TOL[dtype], _rel_err(out, ref_out)
         grads = {"x": (dx, rdx)} | {name: (dp[name], rdp[name]) for name in params}
         for name, (a, b) in grads.items():
             assert _rel_err(a, b) < GRAD_TOL[dtype], (name, _rel_err(a, b))
         # d topk_weight[t, j] = <d_out[t], y[t, j]> can cancel to far below its operands: bound
         # each element's error by the operands' norms (the conditioning of that dot product).
-        with jax.enable_x64(True):
-            y = np.stack(
-                [
-                    np.asarray(
-                        moe_experts_reference(
-                            x64,
-                            idx,
-                            np.eye(top_k)[j][None].repeat(tokens, 0),
-                            params64,
-                            activation=activation,
-                            dtype=jnp.float64,
-                        )
-                    )
-                    for j in range(top_k)
-                ],
-                axis=1,
-            )
+        d_out64 = np.asarray(d_out, np.float64)
         cond = np.linalg.norm(d_out64, axis=-1)[:, None] * np.linalg.norm(y, axis=-1)
         dw_err = np.abs(np.asarray(dw, np.float64) - rdw) / np.maximum(cond, 1e-30)
         assert np.isfinite(np.asarray(dw, np.float32)).all() and dw_err.max() < GRAD_TOL[dtype], (
