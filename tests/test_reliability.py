@@ -362,7 +362,10 @@ def _avals(jaxpr):
 def _offending(aval):
     shape = getattr(aval, "shape", ())
     per_row_expert = M in shape and E in shape  # [T·k, E], [E, T·k, ·]: one-hots, dense masks
-    per_row_weights = len(shape) >= 3 and shape[0] == M  # [T·k, H, ·]: gathered expert weights
+    # [T·k, H, 2I], [T·k, I, H]: gathered expert weights (not the [T·k, I, 2] gate/up pairs the
+    # gpt-oss backward interleaves)
+    weight_dims = {H, I, 2 * I}
+    per_row_weights = len(shape) >= 3 and shape[0] == M and set(shape[1:3]) <= weight_dims
     return per_row_expert or per_row_weights
 
 
