@@ -13,7 +13,7 @@
 #   autotune  the gmm/tgmm block table for AUTOTUNE_CLASSES (default small) -> $OUT/config.py;
 #           AUTOTUNE_APPLY=1 copies it into moe_pallas/kernels/config.py for the later steps
 #   layer   fwd+bwd of the layer, per-kernel breakdown, memory             -> $OUT/layer.json
-#   fuzz    the long hypothesis profile, time-capped                       -> $OUT/fuzz.json
+#   fuzz    the long hypothesis profile, time-capped, tests spread over the GPUs -> $OUT/fuzz_gpu*.json
 #   memory  peak memory of fwd and fwd+bwd at the largest seed cases      -> $OUT/memory.json
 #   train   python -m moe_pallas train --size small
 # Usage on the device: OUT=... BENCH_COMMIT=<sha> STEPS="suites tests" bash benchmarks/device_check.sh
@@ -30,6 +30,27 @@ step() {
   echo "== $(date -u +%T) $* (limit ${limit}s)"
   timeout "$limit" "$@"
   echo "== exit $?"
+}
+# The long fuzz profile with its tests dealt round-robin to the GPUs, one process a GPU, so N
+# GPUs check about N times the examples in the step's time (each GPU: $OUT/fuzz_gpu<i>.json).
+fuzz_on_every_gpu() {
+  local limit=$1 gpus i j sel
+  local tests=(test_ragged_dot test_moe_experts test_gmm_epilogues test_tgmm test_tile_schedule)
+  gpus=$(nvidia-smi -L | wc -l)
+  echo "== $(date -u +%T) fuzz on $gpus GPU(s) (limit ${limit}s)"
+  for ((i = 0; i < gpus; i++)); do
+    sel=""
+    for j in "${!tests[@]}"; do
+      if (( j % gpus == i )); then sel="${sel:+$sel or }${tests[$j]}"; fi
+    done
+    [ -n "$sel" ] || continue
+    CUDA_VISIBLE_DEVICES=$i FUZZ_REPORT="$OUT/fuzz_gpu$i.json" timeout "$limit" \
+      python3 -m pytest tests/test_fuzz.py --long -q -p no:cacheprovider -k "$sel" \
+      --fuzz-minutes "$(( (limit - 30) / 60 ))" > "$OUT/fuzz_gpu$i.txt" 2>&1 &
+  done
+  wait
+  tail -n 3 "$OUT"/fuzz_gpu*.txt
+  echo "== fuzz done"
 }
 run_step() {
   case "$1" in
@@ -52,8 +73,7 @@ run_step() {
               --classes ${AUTOTUNE_CLASSES:-small} --write "$OUT/config.py" --log "$OUT/autotune.json"
             if [ "${AUTOTUNE_APPLY:-0}" = 1 ]; then cp "$OUT/config.py" moe_pallas/kernels/config.py; fi ;;
     layer)  step "${LAYER_S:-180}" python3 benchmarks/bench_layer.py --out "$OUT/layer.json" ${LAYER_ARGS:-} ;;
-    fuzz)   FUZZ_REPORT="$OUT/fuzz.json" step "${FUZZ_S:-300}" python3 -m pytest tests/test_fuzz.py \
-              --long --fuzz-minutes "$(( ${FUZZ_S:-300} / 60 - 1 ))" -q -p no:cacheprovider ;;
+    fuzz)   fuzz_on_every_gpu "${FUZZ_S:-300}" ;;
     memory) step "${MEMORY_S:-180}" python3 -m benchmarks.bench_memory --out "$OUT/memory.json" ;;
     train)  step "${TRAIN_S:-120}" python3 -m moe_pallas train --no-progress ${TRAIN_ARGS:---size small} ;;
     *)      echo "unknown step $1" ;;
