@@ -1,9 +1,10 @@
 """Deterministic combine: out[t] = sum_{j<k} rows[pair_row[t, j]], Pallas Triton lowering.
 
 Math. `rows[M, H]` holds one (already weighted) expert output per expert-sorted row; `pair_row[T, k]`
-names the row of each token's j-th slot (a negative entry adds nothing). Each token's k rows are added in float32 in the fixed order
-j = 0, 1, ..., k-1 and rounded once to `out_dtype`. There are no atomics and no data-dependent order,
-so the result is bitwise reproducible from run to run. The same kernel sums dx rows in the backward.
+names the row of each token's j-th slot (a negative entry adds nothing). Each token's k rows are
+added in float32 in the fixed order j = 0, 1, ..., k-1 and rounded once to `out_dtype`. There are
+no atomics and no data-dependent order, so the result is bitwise reproducible from run to run. The
+same kernel sums dx rows in the backward, and the expert-parallel exchange's rows per token.
 
 Tiling. A 2-D grid over (block_t tokens, block_h columns); each program gathers its tokens' k rows
 with vector-indexed loads (`pair_row` is passed transposed, [k, T], so each slot's indices load
@@ -59,8 +60,7 @@ def combine(
     """`out[T, H] = sum_j rows[pair_row[t, j]]` (float32 sum in slot order), see module docstring.
 
     rows `[M, H]`; pair_row `[T, k]` int32 with entries in [0, M), or negative for a slot that
-    adds nothing; returns `[T, H]` in out_dtype
-    (default rows.dtype).
+    adds nothing; returns `[T, H]` in out_dtype (default rows.dtype).
     """
     if rows.ndim != 2 or pair_row.ndim != 2:
         raise ValueError(
