@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU-machine checks and timings in one call, each step under its own time limit, in the order
-# given by STEPS (default: suites tests ep demo). Output under $OUT (at most 8 files come back from
+# given by STEPS (default: suites tests ep demo; "fuzz+tests" runs two steps at once, for checks
+# whose timings do not matter). Output under $OUT (at most 8 files come back from
 # the device tool: log.txt plus a few JSON/plots). Steps:
 #   suites  the two 16-case forward suites of our layer (benchmarks/run.py) -> $OUT/suites/
 #   peers   the same suites for tokamax and torch (carry .peers/)         -> $OUT/peers/
@@ -13,9 +14,13 @@
 #   autotune  the gmm/tgmm block table for AUTOTUNE_CLASSES (default small) -> $OUT/config.py;
 #           AUTOTUNE_APPLY=1 copies it into moe_pallas/kernels/config.py for the later steps
 #   layer   fwd+bwd of the layer, per-kernel breakdown, memory             -> $OUT/layer.json
-#   fuzz    the long hypothesis profile, time-capped, tests spread over the GPUs -> $OUT/fuzz_gpu*.json
+#   fuzz    the long hypothesis profile, time-capped, one process per test   -> $OUT/fuzz.json
 #   memory  peak memory of fwd and fwd+bwd at the largest seed cases      -> $OUT/memory.json
 #   train   python -m moe_pallas train --size small
+#   profile per-kernel GPU times of the layer from a jax.profiler trace (PROFILE_ARGS, e.g.
+#           "--cases gptoss:2048 --modes fwd")
+#   ncu     Nsight Compute sections of the layer's gmm and combine kernels (NCU_ARGS: profile_layer
+#           options, default the forward at gpt-oss T = 2048 and 64)          -> $OUT/ncu.txt
 # Usage on the device: OUT=... BENCH_COMMIT=<sha> STEPS="suites tests" bash benchmarks/device_check.sh
 # (each step's limit: <STEP>_S seconds, e.g. SUITES_S=150; TESTS=<files> picks the test files in
 # that order, SUITES_IMPLS the suites' implementations (e.g. moe_pallas:pallas_triton,moe_pallas:mosaic_gpu),
@@ -31,25 +36,25 @@ step() {
   timeout "$limit" "$@"
   echo "== exit $?"
 }
-# The long fuzz profile with its tests dealt round-robin to the GPUs, one process a GPU, so N
-# GPUs check about N times the examples in the step's time (each GPU: $OUT/fuzz_gpu<i>.json).
-fuzz_on_every_gpu() {
-  local limit=$1 gpus i j sel
+# The long fuzz profile, one process per test (compiles dominate the first minutes and run on the
+# CPU, so the tests compile in parallel), the processes dealt round-robin to the GPUs and sharing
+# them (no preallocation); their reports are merged into $OUT/fuzz.json, their output tails go to
+# the log.
+fuzz_every_test() {
+  local limit=$1 gpus i=0 t
   local tests=(test_ragged_dot test_moe_experts test_gmm_epilogues test_tgmm test_tile_schedule)
   gpus=$(nvidia-smi -L | wc -l)
-  echo "== $(date -u +%T) fuzz on $gpus GPU(s) (limit ${limit}s)"
-  for ((i = 0; i < gpus; i++)); do
-    sel=""
-    for j in "${!tests[@]}"; do
-      if (( j % gpus == i )); then sel="${sel:+$sel or }${tests[$j]}"; fi
-    done
-    [ -n "$sel" ] || continue
-    CUDA_VISIBLE_DEVICES=$i FUZZ_REPORT="$OUT/fuzz_gpu$i.json" timeout "$limit" \
-      python3 -m pytest tests/test_fuzz.py --long -q -p no:cacheprovider -k "$sel" \
-      --fuzz-minutes "$(( (limit - 30) / 60 ))" > "$OUT/fuzz_gpu$i.txt" 2>&1 &
+  echo "== $(date -u +%T) fuzz: ${#tests[@]} processes on $gpus GPU(s) (limit ${limit}s)"
+  for t in "${tests[@]}"; do
+    CUDA_VISIBLE_DEVICES=$(( i % gpus )) XLA_PYTHON_CLIENT_PREALLOCATE=false \
+      FUZZ_REPORT="$OUT/fuzz_$t.json" timeout "$limit" \
+      python3 -m pytest tests/test_fuzz.py --long -q -p no:cacheprovider -k "$t" \
+      --fuzz-minutes "$(awk "BEGIN {print ($limit - 45) / 60}")" > "$OUT/fuzz_$t.txt" 2>&1 &
+    i=$(( i + 1 ))
   done
   wait
-  tail -n 3 "$OUT"/fuzz_gpu*.txt
+  tail -n 3 "$OUT"/fuzz_*.txt && rm -f "$OUT"/fuzz_*.txt
+  python3 benchmarks/merge_fuzz.py "$OUT/fuzz.json" "$OUT"/fuzz_*.json
   echo "== fuzz done"
 }
 run_step() {
@@ -73,14 +78,29 @@ run_step() {
               --classes ${AUTOTUNE_CLASSES:-small} --write "$OUT/config.py" --log "$OUT/autotune.json"
             if [ "${AUTOTUNE_APPLY:-0}" = 1 ]; then cp "$OUT/config.py" moe_pallas/kernels/config.py; fi ;;
     layer)  step "${LAYER_S:-180}" python3 benchmarks/bench_layer.py --out "$OUT/layer.json" ${LAYER_ARGS:-} ;;
-    fuzz)   fuzz_on_every_gpu "${FUZZ_S:-300}" ;;
+    fuzz)   fuzz_every_test "${FUZZ_S:-300}" ;;
     memory) step "${MEMORY_S:-180}" python3 -m benchmarks.bench_memory --out "$OUT/memory.json" ;;
     train)  step "${TRAIN_S:-120}" python3 -m moe_pallas train --no-progress ${TRAIN_ARGS:---size small} ;;
+    profile) step "${PROFILE_S:-120}" python3 benchmarks/profile_layer.py --out /tmp ${PROFILE_ARGS:-} ;;
+    ncu)    step "${NCU_S:-150}" "$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)" \
+              --clock-control none -k "regex:gmm|combine" --launch-count "${NCU_LAUNCHES:-6}" \
+              --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+              --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+              --log-file "$OUT/ncu.txt" python3 benchmarks/profile_layer.py --once --modes fwd \
+              ${NCU_ARGS:---cases gptoss:2048,gptoss:64}
+            grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Shared Memory Config|Stall|Issued Warp" "$OUT/ncu.txt" | head -120 ;;
     *)      echo "unknown step $1" ;;
   esac
 }
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c 'import jax; print("jax", jax.__version__, jax.devices())'
-  for s in ${STEPS:-suites tests ep demo}; do run_step "$s"; done
+  for s in ${STEPS:-suites tests ep demo}; do
+    if [[ $s == *+* ]]; then  # "a+b": steps a and b at the same time, sharing the GPU memory
+      for part in ${s//+/ }; do (XLA_PYTHON_CLIENT_PREALLOCATE=false run_step "$part") & done
+      wait
+    else
+      run_step "$s"
+    fi
+  done
 } 2>&1 | tee "$OUT/log.txt"

@@ -65,25 +65,28 @@ GROUP_KINDS = ["uniform", "zipf", "one", "sparse"]
 ROUTING_KINDS = ["uniform", "zipf", "hot", "few", "masked"]
 
 _report: dict[str, dict] = {}
+_started: dict[str, float] = {}
 _stop = [float("inf")]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _report_file():
-    yield
+def _write_report() -> None:
+    """FUZZ_REPORT's JSON, rewritten after every example, so a run killed at its time limit
+    still reports what it checked."""
     path = os.environ.get("FUZZ_REPORT")
-    if path:
-        summary = {
-            "profile": PROFILE,
-            "max_examples_per_test": settings().max_examples,
-            "backend": jax.default_backend(),
-            "device": jax.devices()[0].device_kind,
-            "tests": _report,
-            "examples_checked": sum(r["examples"] for r in _report.values()),
-            "failures": sum(r["failure"] is not None for r in _report.values()),
-        }
-        with open(path, "w") as f:
-            json.dump(summary, f, indent=1)
+    if not path:
+        return
+    summary = {
+        "profile": PROFILE,
+        "max_examples_per_test": settings().max_examples,
+        "backend": jax.default_backend(),
+        "device": jax.devices()[0].device_kind,
+        "tests": _report,
+        "examples_checked": sum(r["examples"] for r in _report.values()),
+        "failures": sum(r["failure"] is not None for r in _report.values()),
+    }
+    with open(path + ".tmp", "w") as f:
+        json.dump(summary, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 @pytest.fixture(autouse=True)
@@ -93,8 +96,10 @@ def _time_share(request):
     _stop[0] = time.monotonic() + 60 * minutes / len(here) if minutes else float("inf")
     _report[request.node.name] = {"examples": 0, "seconds": 0.0, "failure": None}
     start = time.monotonic()
+    _started[request.node.name] = start
     yield
     _report[request.node.name]["seconds"] = round(time.monotonic() - start, 1)
+    _write_report()
 
 
 class _Example:
@@ -114,6 +119,8 @@ class _Example:
                 "drawn": repr(self.drawn),
                 "error": f"{kind.__name__}: {error}"[:2000],
             }
+        entry["seconds"] = round(time.monotonic() - _started[self.name], 1)
+        _write_report()
         return False
 
 
