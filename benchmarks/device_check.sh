@@ -10,7 +10,7 @@
 #           "--workload gptoss --exchange ragged")                           -> $OUT/ep_*.json
 #   demo    python -m moe_pallas demo at seed shapes
 #   gmm     gmm/tgmm kernels at both workloads' shapes                     -> $OUT/gmm.json
-#   mgpu    Mosaic GPU gmm next to Triton                                  -> $OUT/gmm_mgpu.json
+#   mgpu    Mosaic GPU gmm next to Triton (MGPU_ARGS: bench_gmm_mgpu options)  -> $OUT/gmm_mgpu.json
 #   autotune  the gmm/tgmm block table for AUTOTUNE_CLASSES (default small) -> $OUT/config.py;
 #           AUTOTUNE_APPLY=1 copies it into moe_pallas/kernels/config.py for the later steps
 #   layer   fwd+bwd of the layer, per-kernel breakdown, memory             -> $OUT/layer.json
@@ -72,7 +72,7 @@ run_step() {
             fi ;;
     demo)   step "${DEMO_S:-45}" python3 -m moe_pallas demo ;;
     gmm)    step "${GMM_S:-150}" python3 benchmarks/bench_gmm.py --out "$OUT/gmm.json" --no-ragged-dot ;;
-    mgpu)   step "${MGPU_S:-300}" python3 benchmarks/bench_gmm_mgpu.py --out "$OUT/gmm_mgpu.json" ;;
+    mgpu)   step "${MGPU_S:-300}" python3 benchmarks/bench_gmm_mgpu.py --out "$OUT/gmm_mgpu.json" ${MGPU_ARGS:-} ;;
     autotune) cp moe_pallas/kernels/config.py "$OUT/config.py"
             step "${AUTOTUNE_S:-240}" python3 benchmarks/autotune_gmm.py \
               --classes ${AUTOTUNE_CLASSES:-small} --write "$OUT/config.py" --log "$OUT/autotune.json"
@@ -82,13 +82,17 @@ run_step() {
     memory) step "${MEMORY_S:-180}" python3 -m benchmarks.bench_memory --out "$OUT/memory.json" ;;
     train)  step "${TRAIN_S:-120}" python3 -m moe_pallas train --no-progress ${TRAIN_ARGS:---size small} ;;
     profile) step "${PROFILE_S:-120}" python3 benchmarks/profile_layer.py --out /tmp ${PROFILE_ARGS:-} ;;
-    ncu)    step "${NCU_S:-150}" "$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)" \
+    ncu)    # XLA's command buffers (CUDA graphs) off, so each kernel launches alone for ncu; a crash of
+            # ncu leaves its python child running: pkill it.
+            XLA_FLAGS="--xla_gpu_enable_command_buffer=" step "${NCU_S:-150}" \
+              "$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)" \
               --clock-control none -k "regex:gmm|combine" --launch-count "${NCU_LAUNCHES:-6}" \
-              --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-              --section Occupancy --section LaunchStats --section WarpStateStats --section SchedulerStats \
+              --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+              --section Occupancy --section LaunchStats \
               --log-file "$OUT/ncu.txt" python3 benchmarks/profile_layer.py --once --modes fwd \
               ${NCU_ARGS:---cases gptoss:2048,gptoss:64}
-            grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Shared Memory Config|Stall|Issued Warp" "$OUT/ncu.txt" | head -120 ;;
+            pkill -f "profile_layer.py --once"
+            grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Stall|Issued Warp|L2 Hit|Block Limit" "$OUT/ncu.txt" | head -150 ;;
     *)      echo "unknown step $1" ;;
   esac
 }

@@ -65,13 +65,15 @@ def _ragged_layer(x, topk_idx, topk_weight, params, activation, ragged_dot):
 
 
 def _train_step(layer):
-    """Gradients of <layer(x, ...), dout> with respect to x, the params and topk_weight."""
+    """The loss <layer(x, ...), dout> and its gradients with respect to x, topk_weight and the
+    params. The loss is returned, as a training step uses it: with gradients alone XLA drops the
+    forward's last matmul and combine (their output feeds nothing the gradients need)."""
 
     def step(x, topk_idx, topk_weight, params, dout):
         def loss(x, topk_weight, params):
             return jnp.vdot(layer(x, topk_idx, topk_weight, params).astype(jnp.float32), dout)
 
-        return jax.grad(loss, argnums=(0, 1, 2))(x, topk_weight, params)
+        return jax.value_and_grad(loss, argnums=(0, 1, 2))(x, topk_weight, params)
 
     return step
 

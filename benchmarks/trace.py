@@ -1,9 +1,11 @@
 """Kernel-level summaries of jitted calls from a jax.profiler trace (shared by the profile scripts).
 
-`profile(fns, trace_dir)` warms each call up, traces three runs of each (the second is the one
-summarised: no compile, no first-touch allocation), deletes the trace and returns per call and
-device plane: the span from first to last kernel, the time some kernel was running, gaps over
-20 us, and the kernels by total time; for the host, the time spent in conditionals and waits.
+`profile(fns, trace_dir)` warms each call up, traces three blocking runs of each (the second is
+the one summarised: no compile, no first-touch allocation) and a burst of back-to-back runs with
+one wait at the end (as the benchmark runner times them), deletes the trace and returns per call
+and device plane: the span from first to last kernel, the time some kernel was running, gaps over
+20 us, and the kernels by total time; for the host, the time spent in conditionals and waits. The
+burst shows what one blocking call hides: whether the GPU idles between calls.
 """
 
 import collections
@@ -11,6 +13,9 @@ import glob
 import shutil
 
 import jax
+
+
+BURST = 10
 
 
 def _traced(fns: dict, trace_dir: str):
@@ -22,6 +27,8 @@ def _traced(fns: dict, trace_dir: str):
             for i in range(3):
                 with jax.profiler.TraceAnnotation(f"{name}#{i}"):
                     jax.block_until_ready(f(*args))
+            with jax.profiler.TraceAnnotation(f"{name}#burst"):
+                jax.block_until_ready([f(*args) for _ in range(BURST)])
     data = jax.profiler.ProfileData.from_file(
         glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0]
     )
@@ -72,11 +79,12 @@ def profile(fns: dict, trace_dir: str) -> str:
         if plane.name.startswith("/host")
         for line in plane.lines
         for e in line.events
-        if e.name.split("#")[0] in fns and e.name.endswith("#1")
+        if e.name.split("#")[0] in fns and e.name.endswith(("#1", "#burst"))
     ]
     out = []
     for name, a, b in sorted(windows, key=lambda w: w[1]):
-        out.append(f"\n=== {name}: host window {(b - a) / 1e6:.3f} ms")
+        calls = BURST if name.endswith("#burst") else 1
+        out.append(f"\n=== {name}: host window {(b - a) / 1e6 / calls:.3f} ms per call")
         for plane in data.planes:
             in_window = [
                 (e.start_ns, e.start_ns + e.duration_ns, e.name)
@@ -85,7 +93,8 @@ def profile(fns: dict, trace_dir: str) -> str:
                 if a <= e.start_ns <= b and e.duration_ns > 0
             ]
             if plane.name.startswith("/device:GPU") and in_window:
-                out.append(f" {plane.name}: " + "\n".join(summary(in_window)))
+                lines = summary(in_window, top=14 if calls == 1 else 3)
+                out.append(f" {plane.name} ({calls} call{'s' * (calls > 1)}): " + "\n".join(lines))
             elif plane.name.startswith("/host"):
                 waits = collections.defaultdict(float)
                 for s, e, ev in in_window:
