@@ -21,6 +21,20 @@ class BlockConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    # gmm: the smallest tile height of the bucketed-M paths (None: block_m only), see m_paths.
+    min_block_m: int | None = None
+
+    def __post_init__(self):
+        if self.min_block_m is not None and (
+            self.min_block_m < 16 or self.min_block_m & (self.min_block_m - 1)
+        ):
+            raise ValueError(f"min_block_m={self.min_block_m} must be a power of 2 >= 16.")
+
+    def m_paths(self) -> tuple[int, ...]:
+        """gmm's tile heights block_m, block_m/2, ..., min_block_m: a visit of r rows runs the
+        smallest p with r <= p, so a short last visit of a group does not cost a full tile."""
+        low = min(self.min_block_m or self.block_m, self.block_m)
+        return tuple(self.block_m >> i for i in range((self.block_m // low).bit_length()))
 
     def fit(self, m: int, k: int, n: int) -> "BlockConfig":
         """Shrink blocks to the problem (power of 2, at least 16: the Triton dot's minimum)."""
@@ -28,11 +42,13 @@ class BlockConfig:
         def clamp(block: int, dim: int) -> int:
             return min(block, max(16, 1 << max(dim - 1, 0).bit_length()))
 
+        block_m = clamp(self.block_m, m)
         return dataclasses.replace(
             self,
-            block_m=clamp(self.block_m, m),
+            block_m=block_m,
             block_n=clamp(self.block_n, n),
             block_k=clamp(self.block_k, k),
+            min_block_m=None if self.min_block_m is None else min(self.min_block_m, block_m),
         )
 
 

@@ -7,16 +7,18 @@ applies the GLU `activation` (rhs has 2·N_out columns: two accumulators per til
 in the layout of the activation, see `moe_pallas.activations`), and multiplies by
 `row_scale[m]`. Rows past sum(group_sizes) are written as zeros.
 
-Tiling. A 1-D grid over (visit, n-tile) pairs, where the visits come from
-`dispatch.tile_schedule`: each visit is an m-tile of at most block_m rows of one group, tiles
-starting at the group's first row (a group of <= block_m rows is one visit: its expert's weights
-are read once), so no row is padded and no `lhs[perm]` copy is made: the row gather happens in
-the kernel. Each program loops over K in
-block_k steps with a [block_m, block_n] float32 accumulator (two for a GLU). Programs are
+Tiling. A 1-D grid over (visit, n-tile) pairs, where the visits come from `dispatch.tile_schedule`:
+each visit is an m-tile of at most block_m rows of one group, tiles starting at the group's first
+row (a group of <= block_m rows is one visit: its expert's weights are read once), so no row is
+padded and no `lhs[perm]` copy is made: the row gather happens in the kernel. Each program loops
+over K in block_k steps with a [p, block_n] float32 accumulator (two for a GLU), where p is the
+smallest of the config's tile heights ("paths", `BlockConfig.m_paths`: block_m, block_m/2, ...,
+min_block_m, each compiled into the kernel) that covers the visit's r rows, p/2 < r <= p: a group's
+short last visit (or a group of few rows) then does not pay a full block_m-row matmul. Programs are
 swizzled in bands of `group_m` visits so that consecutive programs reuse one expert's weight slab
-from L2 (compute-bound case); with few rows per expert, a narrow block_n spreads each hit
-expert's weights over all SMs (bandwidth-bound case). Triton needs power-of-2 blocks: K and N
-tails are masked.
+from L2 (compute-bound case); with few rows per expert, a narrow block_n spreads each hit expert's
+weights over all SMs (bandwidth-bound case). Triton needs power-of-2 blocks: K and N tails are
+masked.
 """
 
 import functools
@@ -120,35 +122,38 @@ def _gmm_kernel(
 
     g = group_ref[v]
     m0 = m_start_ref[v]
-    rows = m0 + jnp.arange(bm, dtype=jnp.int32)
-    row_ok = (rows >= row_start_ref[v]) & (rows < row_end_ref[v])
+    row_start, row_end = row_start_ref[v], row_end_ref[v]
     cols = n0 + jnp.arange(bn, dtype=jnp.int32)
     n_mask = cols < n_out if n_out % bn else None
-    out_mask = _and(row_ok[:, None], None if n_mask is None else n_mask[None, :])
-    used = row_start_ref[v] < row_end_ref[v]
+    used = row_start < row_end
+    # Column blocks of rhs (and bias) behind the bn outputs: contiguous loads only. gpt-oss
+    # interleaves gate/up, so one [bk, 2·bn] block holds both and is split after the dot;
+    # SwiGLU reads the gate and the up half as two blocks.
+    if activation == "gptoss":
+        pair_cols = 2 * n0 + jnp.arange(2 * bn, dtype=jnp.int32)
+        blocks = ((2 * n0, 2 * bn, None if n_mask is None else pair_cols < 2 * n_out),)
+    elif activation == "swiglu":
+        blocks = ((n0, bn, n_mask), (n_out + n0, bn, n_mask))
+    else:
+        blocks = ((n0, bn, n_mask),)
+
+    def masks(bm):  # rows of the visit in a tile of bm rows from m0, and the store mask
+        rows = m0 + jnp.arange(bm, dtype=jnp.int32)
+        row_ok = (rows >= row_start) & (rows < row_end)
+        return row_ok, _and(row_ok[:, None], None if n_mask is None else n_mask[None, :])
 
     @pl.when(used & (g == num_groups))
     def _tail_rows():
         plgpu.store(
             out_ref.at[pl.ds(m0, bm), pl.ds(n0, bn)],
             jnp.zeros((bm, bn), out_ref.dtype),
-            mask=out_mask,
+            mask=masks(bm)[1],
         )
 
-    @pl.when(used & (g < num_groups))
-    def _grouped_rows():
+    def grouped_rows(bm):  # the visit's rows in a tile of bm rows (one of cfg.m_paths())
+        row_ok, out_mask = masks(bm)
         if gather:
             src = _load(row_index_ref.at[pl.ds(m0, bm)], row_ok)
-        # Column blocks of rhs (and bias) behind the bn outputs: contiguous loads only. gpt-oss
-        # interleaves gate/up, so one [bk, 2·bn] block holds both and is split after the dot;
-        # SwiGLU reads the gate and the up half as two blocks.
-        if activation == "gptoss":
-            pair_cols = 2 * n0 + jnp.arange(2 * bn, dtype=jnp.int32)
-            blocks = ((2 * n0, 2 * bn, None if n_mask is None else pair_cols < 2 * n_out),)
-        elif activation == "swiglu":
-            blocks = ((n0, bn, n_mask), (n_out + n0, bn, n_mask))
-        else:
-            blocks = ((n0, bn, n_mask),)
 
         def body(i, accs):
             k0 = i * bk
@@ -194,6 +199,18 @@ def _gmm_kernel(
         plgpu.store(
             out_ref.at[pl.ds(m0, bm), pl.ds(n0, bn)], out.astype(out_ref.dtype), mask=out_mask
         )
+
+    # Path p takes the visits whose rows span p/2 < r <= p from m0 (the smallest path every
+    # r <= p, the largest every r > p/2): exactly one path runs per used visit.
+    paths = cfg.m_paths()
+    span = row_end - m0
+    for i, p in enumerate(paths):
+        run = used & (g < num_groups)
+        if i > 0:
+            run &= span <= p
+        if i < len(paths) - 1:
+            run &= span > p // 2
+        pl.when(run)(functools.partial(grouped_rows, p))
 
 
 def gmm(
