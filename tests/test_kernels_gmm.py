@@ -5,6 +5,7 @@ rejects NaN) also proves every output element was written.
 """
 
 import dataclasses
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -206,6 +207,98 @@ def test_gmm_num_rows_and_validation():
         gmm(lhs[:, :8], rhs, jnp.asarray([4, 6], jnp.int32))
     with pytest.raises(ValueError, match="even"):
         gmm(lhs, rhs[:, :, :15], jnp.asarray([4, 6], jnp.int32), activation="swiglu")
+
+
+# Bucketed M: a visit runs the smallest tile height of cfg.m_paths() that covers its rows.
+PATH_CFGS = [
+    BlockConfig(block_m=64, block_n=32, block_k=16, group_m=2, min_block_m=16),  # 64, 32, 16
+    BlockConfig(block_m=32, block_n=32, block_k=16, group_m=2, min_block_m=16),  # 32, 16
+]
+
+
+def path_sizes(cfg):
+    """Group sizes at the edges of every path p (1, p/2, p/2 + 1, p, p + 1), each after an empty
+    group; p + 1 rows past block_m take a second visit of 1 row."""
+    edges = sorted({s for p in cfg.m_paths() for s in (1, p // 2, p // 2 + 1, p, p + 1)})
+    sizes = np.zeros(2 * len(edges), np.int32)
+    sizes[1::2] = edges
+    return sizes
+
+
+def test_block_config_paths():
+    assert BlockConfig(128, min_block_m=16).m_paths() == (128, 64, 32, 16)
+    assert BlockConfig(128).m_paths() == (128,)
+    assert BlockConfig(64, min_block_m=64).m_paths() == (64,)
+    fitted = BlockConfig(128, 64, 64, min_block_m=32).fit(20, 64, 64)
+    assert (fitted.block_m, fitted.min_block_m, fitted.m_paths()) == (32, 32, (32,))
+    assert BlockConfig(128, min_block_m=16).fit(40, 64, 64).m_paths() == (64, 32, 16)
+    assert BlockConfig(128).fit(40, 64, 64).min_block_m is None
+    with pytest.raises(ValueError, match="power of 2"):
+        BlockConfig(128, min_block_m=24)
+    with pytest.raises(ValueError, match="power of 2"):
+        BlockConfig(128, min_block_m=8)
+
+
+@pytest.mark.parametrize("cfg", PATH_CFGS, ids=lambda c: f"bm{c.block_m}-min{c.min_block_m}")
+def test_gmm_path_choice(cfg, monkeypatch):
+    """Each visit of r rows runs the smallest path p >= r: with the epilogue replaced by the tile
+    height, every row reports the path that wrote it."""
+    gmm_module = importlib.import_module("moe_pallas.kernels.gmm")  # the name gmm is the function
+    monkeypatch.setattr(gmm_module, "glu", lambda gate, up, act: jnp.full_like(gate, len(gate)))
+    sizes = path_sizes(cfg)
+    m, k, g = int(sizes.sum()) + 5, 16, len(sizes)
+    out = gmm(
+        jnp.ones((m, k), jnp.float32),
+        jnp.ones((g, k, 64), jnp.float32),
+        jnp.asarray(sizes),
+        activation="swiglu",
+        config=cfg,
+    )
+    want = np.zeros(m)
+    for start, size in zip(group_bounds(sizes, m)[0], sizes):
+        for m0 in range(start, start + size, cfg.block_m):
+            r = min(start + size - m0, cfg.block_m)
+            want[m0 : m0 + r] = min(p for p in cfg.m_paths() if p >= r)
+    assert (np.asarray(out) == want[:, None]).all()
+    assert set(want[: sizes.sum()]) == set(cfg.m_paths()), "every path runs"
+
+
+@pytest.mark.parametrize("variant", ["plain", "transpose_gather", "swiglu", "gptoss"])
+@pytest.mark.parametrize("cfg", PATH_CFGS, ids=lambda c: f"bm{c.block_m}-min{c.min_block_m}")
+def test_gmm_paths(cfg, variant):
+    """Every path at its edge sizes, with empty groups and rows past the last group (zeros).
+    Poisoned inputs no visit may read: NaN weights (and bias) of the empty groups, NaN lhs rows
+    past the groups (plain) or outside the gather index."""
+    rng = np.random.default_rng(cfg.block_m)
+    sizes = path_sizes(cfg)
+    g, k, n_out = len(sizes), 24, 40  # K and N tails masked
+    m = int(sizes.sum()) + 5
+    activation = variant if variant in ("swiglu", "gptoss") else None
+    gather = variant != "plain"
+    m_src = 20 if gather else m
+    lhs = rng.standard_normal((m_src, k))
+    rhs = rng.standard_normal((g, k, 2 * n_out if activation else n_out)) / np.sqrt(k)
+    if activation:
+        rhs *= 3  # a fair share of the gpt-oss clamps (|h| > 7) bite
+    if variant == "transpose_gather":
+        rhs = rhs.transpose(0, 2, 1)
+    rhs[sizes == 0] = np.nan
+    kwargs = {"transpose_rhs": variant == "transpose_gather", "activation": activation}
+    if gather:
+        kwargs["lhs_row_index"] = jnp.asarray(rng.integers(0, m_src - 2, m), jnp.int32)
+        lhs[m_src - 2 :] = np.nan
+    else:
+        lhs[sizes.sum() :] = np.nan
+    if activation:
+        bias = rng.standard_normal((g, 2 * n_out))
+        bias[sizes == 0] = np.nan
+        kwargs["bias"] = jnp.asarray(bias, jnp.float32)
+        kwargs["row_scale"] = jnp.asarray(rng.random(m), jnp.float32)
+    lhs, rhs = jnp.asarray(lhs, jnp.float32), jnp.asarray(rhs, jnp.float32)
+    out = gmm(lhs, rhs, jnp.asarray(sizes), config=cfg, **kwargs)
+    assert out.shape == (m, n_out)
+    assert rel_err(out, gmm64(lhs, rhs, sizes, **kwargs)) < _tol(jnp.float32)
+    assert not np.asarray(out[sizes.sum() :]).any()
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ no memory.
 """
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -124,3 +125,45 @@ def test_gmm_glu_epilogue_lowers_to_triton(activation):
         x, w, sizes, lhs_row_index=row_token, bias=bias, activation=activation
     )
     assert triton_calls(lower_for_h200(glu_gmm, *args)) == 1
+
+
+@pytest.mark.parametrize("variant", ["gptoss_glu", "transpose_rhs"])
+def test_gmm_m_paths_lower_to_one_triton_call(variant, monkeypatch):
+    """A bucketed-M config (tile heights 128, 64, 32, 16) lowers to one Triton kernel with one dot
+    per path, of its height: the gpt-oss gate_up (gather, bias, GLU) and its dx (rhs transposed)."""
+    from jax._src.pallas.triton import lowering
+
+    from moe_pallas.kernels import BlockConfig
+    from moe_pallas.kernels.gmm import gmm
+
+    modules = []
+    lower = lowering.lower_jaxpr_to_triton_module
+
+    def spy(*args, **kwargs):  # keeps the Triton module's text (the call holds it as bytecode)
+        result = lower(*args, **kwargs)
+        modules.append(result.module.operation.get_asm())
+        return result
+
+    monkeypatch.setattr(lowering, "lower_jaxpr_to_triton_module", spy)
+    cfg = BlockConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3, min_block_m=16)
+    hidden, inter, experts, top_k, _ = WORKLOADS["gptoss"]
+    rows, sizes = 2048 * top_k, SDS((experts,), jnp.int32)
+    bf16 = jnp.bfloat16
+    if variant == "gptoss_glu":
+        fn = lambda x, w, s, r, b: gmm(
+            x, w, s, lhs_row_index=r, bias=b, activation="gptoss", config=cfg
+        )
+        args = (
+            SDS((2048, hidden), bf16),
+            SDS((experts, hidden, 2 * inter), bf16),
+            sizes,
+            SDS((rows,), jnp.int32),
+            SDS((experts, 2 * inter), bf16),
+        )
+    else:
+        fn = lambda dh, w, s: gmm(dh, w, s, transpose_rhs=True, config=cfg)
+        args = (SDS((rows, 2 * inter), bf16), SDS((experts, hidden, 2 * inter), bf16), sizes)
+    assert triton_calls(lower_for_h200(fn, *args)) == 1
+    (asm,) = modules
+    heights = tuple(int(h) for h in re.findall(r"tt\.dot .* -> tensor<(\d+)x", asm))
+    assert heights == cfg.m_paths(), heights
