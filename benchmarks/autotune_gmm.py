@@ -48,6 +48,9 @@ GMM_CANDIDATES = {
         C(128, 128, 128, 8, 8, 3),
         C(128, 64, 128, 8, 4, 4),
         C(128, 256, 64, 8, 8, 4),
+        # Bucketed M: a visit of few rows runs a shorter tile (see BlockConfig.m_paths).
+        C(128, 256, 64, 8, 8, 4, min_block_m=64),
+        C(128, 256, 64, 8, 8, 4, min_block_m=16),
     ],
     "large": [
         C(128, 256, 64, 8, 8, 3),
@@ -55,6 +58,10 @@ GMM_CANDIDATES = {
         C(128, 256, 64, 8, 8, 4),
         C(256, 128, 64, 8, 8, 3),
         C(128, 128, 128, 8, 8, 3),
+        C(128, 256, 64, 8, 8, 4, min_block_m=16),
+        C(128, 256, 64, 8, 8, 3, min_block_m=32),
+        C(128, 128, 64, 8, 8, 3, min_block_m=16),
+        C(256, 128, 64, 8, 8, 3, min_block_m=32),
     ],
 }
 # A GLU tile reads 2·block_n weight columns: the same tiles with half the output columns, and more.
@@ -205,10 +212,15 @@ def tune(kernels, classes, workloads, small=False):
 def render(table):
     lines = ["_TABLE: dict[tuple[str, str], BlockConfig] = {"]
     for (kernel, cls), c in sorted(table.items()):
-        lines.append(
-            f'    ("{kernel}", "{cls}"): BlockConfig({c.block_m}, {c.block_n}, {c.block_k}, '
-            f"group_m={c.group_m}, num_warps={c.num_warps}, num_stages={c.num_stages}),"
+        args = (
+            f"{c.block_m}, {c.block_n}, {c.block_k}, group_m={c.group_m}, "
+            f"num_warps={c.num_warps}, num_stages={c.num_stages}"
+            + ("" if c.min_block_m is None else f", min_block_m={c.min_block_m}")
         )
+        line = f'    ("{kernel}", "{cls}"): BlockConfig({args}),'
+        if len(line) > 100:  # wrapped as ruff format would (line length 100)
+            line = f'    ("{kernel}", "{cls}"): BlockConfig(\n        {args}\n    ),'
+        lines.append(line)
     return "\n".join([*lines, "}"])
 
 

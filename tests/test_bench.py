@@ -232,6 +232,28 @@ def test_autotune_rewrites_a_loadable_table(tmp_path):
         assert fields(tuned._TABLE[(kernel, "large")]) == fields(config._TABLE[(kernel, "large")])
 
 
+def test_autotune_table_renders_min_block_m(tmp_path):
+    """A bucketed-M config (BlockConfig.min_block_m) survives the table's text, whose rows stay
+    within the line length."""
+    import importlib.util
+
+    from benchmarks import autotune_gmm
+    from moe_pallas.kernels import config
+
+    table = {
+        ("gmm_glu", "large"): config.BlockConfig(128, 256, 64, 8, 8, 4, min_block_m=16),
+        ("tgmm", "large"): config.BlockConfig(64, 128, 128, 8, 4, 3),
+    }
+    text = autotune_gmm.render(table)
+    assert max(map(len, text.splitlines())) <= 100
+    target = tmp_path / "table.py"
+    target.write_text(f"from moe_pallas.kernels.config import BlockConfig\n\n{text}\n")
+    spec = importlib.util.spec_from_file_location("rendered_table", target)
+    rendered = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rendered)
+    assert rendered._TABLE == table
+
+
 def test_expert_parallel_benchmark_and_profile_on_simulated_devices(tmp_path):
     """bench_ep.py and profile_ep.py in --small mode (2 simulated CPU devices, subprocesses: the
     device count is fixed before jax starts): the EP layer equals one device, every step is
