@@ -163,7 +163,13 @@ def _calls(kernel, cfg, p):
     raise ValueError(kernel)
 
 
-def _candidates(kernel, cls):
+def _candidates(kernel, cls, around_table=False):
+    if around_table:  # the table's entry and its bucketed-M variants (gmm kernels only)
+        entry = _config._TABLE[(kernel, cls)]
+        lows = [m for m in (entry.block_m // 2, 16) if 16 <= m < entry.block_m]
+        if kernel == "tgmm" or not lows:
+            return [entry]
+        return [entry, *(dataclasses.replace(entry, min_block_m=m) for m in dict.fromkeys(lows))]
     if kernel == "tgmm":
         return TGMM_CANDIDATES
     return (GLU_CANDIDATES if kernel == "gmm_glu" else GMM_CANDIDATES)[cls]
@@ -173,7 +179,9 @@ def _candidates(kernel, cls):
 SMALL_CANDIDATES = [C(16, 16, 16, 2, 4, 2), C(16, 32, 16, 1, 4, 2)]
 
 
-def tune(kernels, classes, workloads, small=False):
+def tune(kernels, classes, workloads, small=False, around_table=False, done=lambda t, log: None):
+    """(table, log) after timing every candidate; `done(table, log)` after each (kernel, class),
+    so a run stopped by a time limit keeps what it measured."""
     table = dict(_config._TABLE)
     log = []
     for cls in classes:
@@ -184,7 +192,7 @@ def tune(kernels, classes, workloads, small=False):
             problems[w] = _problem(w, 16 if small else tokens, small)
         for kernel in kernels:
             best = None
-            for cfg in SMALL_CANDIDATES if small else _candidates(kernel, cls):
+            for cfg in SMALL_CANDIDATES if small else _candidates(kernel, cls, around_table):
                 entry = {"kernel": kernel, "cls": cls, "cfg": dataclasses.asdict(cfg)}
                 try:
                     per_workload = {
@@ -205,6 +213,7 @@ def tune(kernels, classes, workloads, small=False):
                     best = (total, cfg)
             if best is not None:
                 table[(kernel, cls)] = best[1]
+            done(table, log)
         del problems
     return table, log
 
@@ -232,26 +241,31 @@ def main(argv=None):
     parser.add_argument("--classes", nargs="+", default=list(TOKENS))
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
+    parser.add_argument(
+        "--around-table",
+        action="store_true",
+        help="time only each table entry and its bucketed-M variants (min_block_m below block_m)",
+    )
     args = parser.parse_args(argv)
-    table, log = tune(args.kernels, args.classes, args.workloads, args.small)
-    with open(args.log, "w") as f:
-        json.dump(
-            {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "log": log},
-            f,
-            indent=1,
-        )
-    text = render(table)
-    print(text)
-    if args.write:
-        path = pathlib.Path(args.write)
-        src = path.read_text()
-        src = re.sub(
-            r"(# BEGIN TABLE.*?\n).*?(\n# END TABLE)",
-            lambda m: m[1] + text + m[2],
-            src,
-            flags=re.DOTALL,
-        )
-        path.write_text(src)
+
+    def write(table, log):
+        with open(args.log, "w") as f:
+            meta = {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
+            json.dump({**meta, "log": log}, f, indent=1)
+        if args.write:
+            path = pathlib.Path(args.write)
+            src = re.sub(
+                r"(# BEGIN TABLE.*?\n).*?(\n# END TABLE)",
+                lambda m: m[1] + render(table) + m[2],
+                path.read_text(),
+                flags=re.DOTALL,
+            )
+            path.write_text(src)
+
+    table, _ = tune(
+        args.kernels, args.classes, args.workloads, args.small, args.around_table, done=write
+    )
+    print(render(table))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 # given by STEPS (default: suites tests ep demo; "fuzz+tests" runs two steps at once, for checks
 # whose timings do not matter). Output under $OUT (at most 8 files come back from
 # the device tool: log.txt plus a few JSON/plots). Steps:
-#   suites  the two 16-case forward suites of our layer (benchmarks/run.py) -> $OUT/suites/
+#   suites  the two 16-case forward suites of our layer (benchmarks/run.py; SUITES picks others,
+#           e.g. gptoss,swiglu256,train)                                      -> $OUT/suites/
 #   peers   the same suites for tokamax and torch (carry .peers/)         -> $OUT/peers/
 #   tests   every gpu-marked test
 #   ep      expert parallelism, 1 vs all GPUs (skipped with fewer than 2; EP_ARGS e.g.
@@ -11,7 +12,8 @@
 #   demo    python -m moe_pallas demo at seed shapes
 #   gmm     gmm/tgmm kernels at both workloads' shapes                     -> $OUT/gmm.json
 #   mgpu    Mosaic GPU gmm next to Triton (MGPU_ARGS: bench_gmm_mgpu options)  -> $OUT/gmm_mgpu.json
-#   autotune  the gmm/tgmm block table for AUTOTUNE_CLASSES (default small) -> $OUT/config.py;
+#   autotune  the gmm/tgmm block table for AUTOTUNE_CLASSES (default small; AUTOTUNE_ARGS e.g.
+#           "--kernels gmm --around-table")                                    -> $OUT/config.py;
 #           AUTOTUNE_APPLY=1 copies it into moe_pallas/kernels/config.py for the later steps
 #   layer   fwd+bwd of the layer, per-kernel breakdown, memory             -> $OUT/layer.json
 #   fuzz    the long hypothesis profile, time-capped, one process per test   -> $OUT/fuzz.json
@@ -19,8 +21,6 @@
 #   train   python -m moe_pallas train --size small
 #   profile per-kernel GPU times of the layer from a jax.profiler trace (PROFILE_ARGS, e.g.
 #           "--cases gptoss:2048 --modes fwd")
-#   ncu     Nsight Compute sections of the layer's gmm and combine kernels (NCU_ARGS: profile_layer
-#           options, default the forward at gpt-oss T = 2048 and 64)          -> $OUT/ncu.txt
 # Usage on the device: OUT=... BENCH_COMMIT=<sha> STEPS="suites tests" bash benchmarks/device_check.sh
 # (each step's limit: <STEP>_S seconds, e.g. SUITES_S=150; TESTS=<files> picks the test files in
 # that order, SUITES_IMPLS the suites' implementations (e.g. moe_pallas:pallas_triton,moe_pallas:mosaic_gpu),
@@ -59,7 +59,7 @@ fuzz_every_test() {
 }
 run_step() {
   case "$1" in
-    suites) step "${SUITES_S:-150}" bash benchmarks/gpu_run.sh --suite gptoss,swiglu256 \
+    suites) step "${SUITES_S:-150}" bash benchmarks/gpu_run.sh --suite "${SUITES:-gptoss,swiglu256}" \
               --impls "${SUITES_IMPLS:-moe_pallas:pallas_triton}" --out "$OUT/suites" --time-limit "$(( ${SUITES_S:-150} - 20 ))"
             rm -f "$OUT/suites/roofline.png" "$OUT/suites/results.csv" ;;
     peers)  step "${PEERS_S:-240}" bash benchmarks/gpu_run.sh --suite gptoss,swiglu256 \
@@ -75,24 +75,14 @@ run_step() {
     mgpu)   step "${MGPU_S:-300}" python3 benchmarks/bench_gmm_mgpu.py --out "$OUT/gmm_mgpu.json" ${MGPU_ARGS:-} ;;
     autotune) cp moe_pallas/kernels/config.py "$OUT/config.py"
             step "${AUTOTUNE_S:-240}" python3 benchmarks/autotune_gmm.py \
-              --classes ${AUTOTUNE_CLASSES:-small} --write "$OUT/config.py" --log "$OUT/autotune.json"
+              --classes ${AUTOTUNE_CLASSES:-small} --write "$OUT/config.py" --log "$OUT/autotune.json" \
+              ${AUTOTUNE_ARGS:-}
             if [ "${AUTOTUNE_APPLY:-0}" = 1 ]; then cp "$OUT/config.py" moe_pallas/kernels/config.py; fi ;;
     layer)  step "${LAYER_S:-180}" python3 benchmarks/bench_layer.py --out "$OUT/layer.json" ${LAYER_ARGS:-} ;;
     fuzz)   fuzz_every_test "${FUZZ_S:-300}" ;;
     memory) step "${MEMORY_S:-180}" python3 -m benchmarks.bench_memory --out "$OUT/memory.json" ;;
     train)  step "${TRAIN_S:-120}" python3 -m moe_pallas train --no-progress ${TRAIN_ARGS:---size small} ;;
     profile) step "${PROFILE_S:-120}" python3 benchmarks/profile_layer.py --out /tmp ${PROFILE_ARGS:-} ;;
-    ncu)    # XLA's command buffers (CUDA graphs) off, so each kernel launches alone for ncu; a crash of
-            # ncu leaves its python child running: pkill it.
-            XLA_FLAGS="--xla_gpu_enable_command_buffer=" step "${NCU_S:-150}" \
-              "$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)" \
-              --clock-control none -k "regex:gmm|combine" --launch-count "${NCU_LAUNCHES:-6}" \
-              --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-              --section Occupancy --section LaunchStats \
-              --log-file "$OUT/ncu.txt" python3 benchmarks/profile_layer.py --once --modes fwd \
-              ${NCU_ARGS:---cases gptoss:2048,gptoss:64}
-            pkill -f "profile_layer.py --once"
-            grep -E "^  [a-z_]+.*\(|Duration|DRAM Throughput|Memory Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Stall|Issued Warp|L2 Hit|Block Limit" "$OUT/ncu.txt" | head -150 ;;
     *)      echo "unknown step $1" ;;
   esac
 }

@@ -32,7 +32,9 @@ def main(out: str, *paths: str) -> int:
     for name, e in merged["tests"].items():
         rate = e["examples"] / max(e["seconds"], 1e-9)
         failure = e["failure"]["error"][:100] if e["failure"] else "-"
-        print(f"{name:42s} {e['examples']:6d} examples {e['seconds']:7.1f} s {rate:6.1f}/s  {failure}")
+        print(
+            f"{name:42s} {e['examples']:6d} examples {e['seconds']:7.1f} s {rate:6.1f}/s  {failure}"
+        )
     print(f"total: {merged['examples_checked']} examples, {merged['failures']} failing tests")
     return 1 if merged["failures"] else 0
 

@@ -3,23 +3,21 @@ summarised per GPU kernel (`benchmarks.trace.profile`: span, busy time, gaps, ke
 
     PYTHONPATH=. python3 benchmarks/profile_layer.py [--cases gptoss:2048,swiglu256:2048,gptoss:1]
                                                      [--modes fwd,train] [--small] [--out DIR]
-                                                     [--once]
 
 The inputs are the benchmark runner's (`benchmarks.run._inputs`: the case's router on random
 logits), the layer `moe_experts(implementation=--implementation)`, fwd+bwd its gradients of x,
-topk_weight and the params, as the runner times them. --once runs each call once, untraced (for
-Nsight Compute: `ncu -k regex:gmm ... python3 benchmarks/profile_layer.py --once`).
+topk_weight and the params, as the runner times them.
 """
 
 import argparse
 
 import jax
 
+import moe_pallas
 from benchmarks import cases as _cases
 from benchmarks import impls as _impls
 from benchmarks import run as _run
 from benchmarks import trace
-import moe_pallas
 
 
 def layer_fns(case: _cases.Case, inputs: dict, implementation: str) -> dict:
@@ -44,7 +42,6 @@ def main(argv=None):
     parser.add_argument("--implementation", default="auto")
     parser.add_argument("--small", action="store_true", help="tiny workloads (CPU smoke test)")
     parser.add_argument("--out", default="/tmp", help="folder for the (deleted) trace")
-    parser.add_argument("--once", action="store_true", help="run each call once, no trace")
     args = parser.parse_args(argv)
     workloads = _cases.SMALL_WORKLOADS if args.small else _cases.WORKLOADS
     for spec in (s for s in args.cases.split(",") if s):
@@ -54,11 +51,7 @@ def main(argv=None):
         for mode in args.modes.split(","):
             case = _cases.Case("layer", workloads[name], int(tokens), mode)
             fns |= layer_fns(case, _run._inputs(case, params), args.implementation)
-        if args.once:
-            for f, call_args in fns.values():
-                jax.block_until_ready(f(*call_args))
-        else:
-            print(trace.profile(fns, f"{args.out}/trace_{name}_{tokens}"), flush=True)
+        print(trace.profile(fns, f"{args.out}/trace_{name}_{tokens}"), flush=True)
         del params, fns
 
 

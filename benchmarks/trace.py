@@ -14,7 +14,6 @@ import shutil
 
 import jax
 
-
 BURST = 10
 
 
@@ -28,7 +27,9 @@ def _traced(fns: dict, trace_dir: str):
                 with jax.profiler.TraceAnnotation(f"{name}#{i}"):
                     jax.block_until_ready(f(*args))
             with jax.profiler.TraceAnnotation(f"{name}#burst"):
-                jax.block_until_ready([f(*args) for _ in range(BURST)])
+                for _ in range(BURST):  # one output alive at a time (a train step's grads are big)
+                    out = f(*args)
+                jax.block_until_ready(out)
     data = jax.profiler.ProfileData.from_file(
         glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0]
     )
