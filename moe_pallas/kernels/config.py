@@ -54,13 +54,23 @@ class BlockConfig:
 
 # BEGIN TABLE (autotune_gmm.py)
 _TABLE: dict[tuple[str, str], BlockConfig] = {
-    ("gmm", "large"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4),
-    ("gmm", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4),
+    ("gmm", "large"): BlockConfig(
+        128, 256, 64, group_m=8, num_warps=8, num_stages=4, min_block_m=64
+    ),
+    ("gmm", "small"): BlockConfig(
+        128, 256, 64, group_m=8, num_warps=8, num_stages=4, min_block_m=16
+    ),
     ("gmm", "tiny"): BlockConfig(16, 128, 128, group_m=8, num_warps=4, num_stages=3),
-    ("gmm_glu", "large"): BlockConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=3),
-    ("gmm_glu", "small"): BlockConfig(128, 128, 64, group_m=8, num_warps=8, num_stages=4),
+    ("gmm_glu", "large"): BlockConfig(
+        128, 128, 64, group_m=8, num_warps=8, num_stages=3, min_block_m=16
+    ),
+    ("gmm_glu", "small"): BlockConfig(
+        128, 128, 64, group_m=8, num_warps=8, num_stages=4, min_block_m=64
+    ),
     ("gmm_glu", "tiny"): BlockConfig(16, 64, 128, group_m=8, num_warps=4, num_stages=3),
-    ("gmm_t", "large"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=3),
+    ("gmm_t", "large"): BlockConfig(
+        128, 256, 64, group_m=8, num_warps=8, num_stages=3, min_block_m=16
+    ),
     ("gmm_t", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4),
     ("gmm_t", "tiny"): BlockConfig(16, 64, 128, group_m=8, num_warps=4, num_stages=4),
     ("tgmm", "large"): BlockConfig(64, 128, 128, group_m=8, num_warps=4, num_stages=3),
