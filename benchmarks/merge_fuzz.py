@@ -9,10 +9,11 @@ error). The inputs are deleted once merged (the device tool returns at most 8 fi
 import json
 import os
 import sys
+from pathlib import Path
 
 
 def merge(paths: list[str]) -> dict:
-    parts = [json.load(open(p)) for p in paths]
+    parts = [json.loads(Path(p).read_text()) for p in paths]
     tests = {name: entry for part in parts for name, entry in part["tests"].items()}
     return {
         **{k: parts[0][k] for k in ("profile", "max_examples_per_test", "backend", "device")},

@@ -4,35 +4,17 @@ summarised per GPU kernel (`benchmarks.trace.profile`: span, busy time, gaps, ke
     PYTHONPATH=. python3 benchmarks/profile_layer.py [--cases gptoss:2048,swiglu256:2048,gptoss:1]
                                                      [--modes fwd,train] [--small] [--out DIR]
 
-The inputs are the benchmark runner's (`benchmarks.run._inputs`: the case's router on random
-logits), the layer `moe_experts(implementation=--implementation)`, fwd+bwd its gradients of x,
-topk_weight and the params, as the runner times them.
+The calls are the ones the benchmark runner times (`benchmarks.impls`: its inputs, the case's
+router on random logits, and its compiled `moe_experts(implementation=--implementation)` forward
+or loss-and-gradients step).
 """
 
 import argparse
 
-import jax
-
-import moe_pallas
 from benchmarks import cases as _cases
 from benchmarks import impls as _impls
 from benchmarks import run as _run
 from benchmarks import trace
-
-
-def layer_fns(case: _cases.Case, inputs: dict, implementation: str) -> dict:
-    """{"<case> fwd": (jitted forward, args), "<case> train": (jitted fwd+bwd, args)}."""
-    activation = case.workload.activation
-
-    def layer(x, topk_idx, topk_weight, params):
-        return moe_pallas.moe_experts(
-            x, topk_idx, topk_weight, params, activation=activation, implementation=implementation
-        )
-
-    args = tuple(inputs[k] for k in ("x", "topk_idx", "topk_weight", "params"))
-    if case.mode == "fwd":
-        return {case.name: (jax.jit(layer), args)}
-    return {case.name: (jax.jit(_impls._train_step(layer)), (*args, inputs["dout"]))}
 
 
 def main(argv=None):
@@ -50,7 +32,8 @@ def main(argv=None):
         fns = {}
         for mode in args.modes.split(","):
             case = _cases.Case("layer", workloads[name], int(tokens), mode)
-            fns |= layer_fns(case, _run._inputs(case, params), args.implementation)
+            prep = _impls._ours(args.implementation)(case, _run._inputs(case, params))
+            fns[case.name] = (prep.call, ())
         print(trace.profile(fns, f"{args.out}/trace_{name}_{tokens}"), flush=True)
         del params, fns
 
