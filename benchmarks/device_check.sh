@@ -17,7 +17,7 @@
 #           "--kernels gmm --around-table")                                    -> $OUT/config.py;
 #           AUTOTUNE_APPLY=1 copies it into moe_pallas/kernels/config.py for the later steps
 #   layer   fwd+bwd of the layer, per-kernel breakdown, memory             -> $OUT/layer.json
-#   fuzz    the long hypothesis profile, time-capped, one process per test   -> $OUT/fuzz.json
+#   fuzz    the long hypothesis profile, time-capped, FUZZ_PROCS processes per test -> $OUT/fuzz.json
 #   memory  peak memory of fwd and fwd+bwd at the largest seed cases      -> $OUT/memory.json
 #   train   python -m moe_pallas train --size small
 #   profile per-kernel GPU times of the layer from a jax.profiler trace (PROFILE_ARGS, e.g.
@@ -37,21 +37,24 @@ step() {
   timeout "$limit" "$@"
   echo "== exit $?"
 }
-# The long fuzz profile, one process per test (compiles dominate the first minutes and run on the
-# CPU, so the tests compile in parallel), the processes dealt round-robin to the GPUs and sharing
-# them (no preallocation); their reports are merged into $OUT/fuzz.json, their output tails go to
-# the log.
+# The long fuzz profile, FUZZ_PROCS processes per test (test:count; compiles and the host side of
+# each example run on the CPU, so processes of one test draw different examples in parallel), dealt
+# round-robin to the GPUs and sharing them (no preallocation); their reports are merged into
+# $OUT/fuzz.json (examples summed per test), their output tails go to the log.
+FUZZ_PROCS_DEFAULT="test_ragged_dot:2 test_moe_experts:3 test_gmm_epilogues:3 test_tgmm:2 test_tile_schedule:3"
 fuzz_every_test() {
-  local limit=$1 gpus i=0 t
-  local tests=(test_ragged_dot test_moe_experts test_gmm_epilogues test_tgmm test_tile_schedule)
+  local limit=$1 gpus i=0 t n j spec
   gpus=$(nvidia-smi -L | wc -l)
-  echo "== $(date -u +%T) fuzz: ${#tests[@]} processes on $gpus GPU(s) (limit ${limit}s)"
-  for t in "${tests[@]}"; do
-    CUDA_VISIBLE_DEVICES=$(( i % gpus )) XLA_PYTHON_CLIENT_PREALLOCATE=false \
-      FUZZ_REPORT="$OUT/fuzz_$t.json" timeout "$limit" \
-      python3 -m pytest tests/test_fuzz.py --long -q -p no:cacheprovider -k "$t" \
-      --fuzz-minutes "$(awk "BEGIN {print ($limit - 45) / 60}")" > "$OUT/fuzz_$t.txt" 2>&1 &
-    i=$(( i + 1 ))
+  echo "== $(date -u +%T) fuzz: ${FUZZ_PROCS:-$FUZZ_PROCS_DEFAULT} on $gpus GPU(s) (limit ${limit}s)"
+  for spec in ${FUZZ_PROCS:-$FUZZ_PROCS_DEFAULT}; do
+    t=${spec%%:*} n=${spec##*:}
+    for (( j = 0; j < n; j++ )); do
+      CUDA_VISIBLE_DEVICES=$(( i % gpus )) XLA_PYTHON_CLIENT_PREALLOCATE=false \
+        FUZZ_REPORT="$OUT/fuzz_${t}_$j.json" timeout "$limit" \
+        python3 -m pytest tests/test_fuzz.py --long -q -p no:cacheprovider -k "$t" \
+        --fuzz-minutes "$(awk "BEGIN {print ($limit - 45) / 60}")" > "$OUT/fuzz_${t}_$j.txt" 2>&1 &
+      i=$(( i + 1 ))
+    done
   done
   wait
   tail -n 3 "$OUT"/fuzz_*.txt && rm -f "$OUT"/fuzz_*.txt

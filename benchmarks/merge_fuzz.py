@@ -2,8 +2,9 @@
 
     python3 benchmarks/merge_fuzz.py OUT.json IN.json [IN.json ...]
 
-Per test: examples checked, seconds, examples per second and the first failure (drawn inputs and
-error). The inputs are deleted once merged (the device tool returns at most 8 files).
+Per test, over the processes that ran it: examples checked (summed), processes, seconds (the
+longest process), examples per second and the first failure (drawn inputs and error). The inputs
+are deleted once merged (the device tool returns at most 8 files).
 """
 
 import json
@@ -14,7 +15,16 @@ from pathlib import Path
 
 def merge(paths: list[str]) -> dict:
     parts = [json.loads(Path(p).read_text()) for p in paths]
-    tests = {name: entry for part in parts for name, entry in part["tests"].items()}
+    tests: dict[str, dict] = {}
+    for part in parts:
+        for name, entry in part["tests"].items():
+            merged = tests.setdefault(
+                name, {"examples": 0, "processes": 0, "seconds": 0.0, "failure": None}
+            )
+            merged["examples"] += entry["examples"]
+            merged["processes"] += 1
+            merged["seconds"] = max(merged["seconds"], entry["seconds"])
+            merged["failure"] = merged["failure"] or entry["failure"]
     return {
         **{k: parts[0][k] for k in ("profile", "max_examples_per_test", "backend", "device")},
         "processes": len(parts),
@@ -34,7 +44,8 @@ def main(out: str, *paths: str) -> int:
         rate = e["examples"] / max(e["seconds"], 1e-9)
         failure = e["failure"]["error"][:100] if e["failure"] else "-"
         print(
-            f"{name:42s} {e['examples']:6d} examples {e['seconds']:7.1f} s {rate:6.1f}/s  {failure}"
+            f"{name:42s} {e['examples']:6d} examples {e['processes']:2d} proc {e['seconds']:7.1f} s"
+            f" {rate:6.1f}/s  {failure}"
         )
     print(f"total: {merged['examples_checked']} examples, {merged['failures']} failing tests")
     return 1 if merged["failures"] else 0

@@ -279,3 +279,23 @@ def test_expert_parallel_benchmark_and_profile_on_simulated_devices(tmp_path):
     assert data["correctness"]["fwd_rel_err"] < 1e-2 and data["correctness"]["grad_rel_err"] < 5e-2
     assert {r["mode"] for r in data["rows"]} == {"fwd", "fwd+bwd"}
     assert all(r["ms_ep"] > 0 and r.get("dropped_rows", 0) == 0 for r in data["rows"])
+
+
+def test_merge_fuzz_sums_the_processes_of_a_test(tmp_path):
+    from benchmarks import merge_fuzz
+
+    reports = [("ragged", 10, None), ("ragged", 5, {"drawn": "s", "error": "E"}), ("tgmm", 3, None)]
+    paths = []
+    for i, (name, examples, failure) in enumerate(reports):
+        paths.append(tmp_path / f"part{i}.json")
+        entry = {"examples": examples, "seconds": 1.0 + i, "failure": failure}
+        meta = {"profile": "long", "max_examples_per_test": 10, "backend": "cpu", "device": "cpu"}
+        paths[-1].write_text(json.dumps(meta | {"tests": {name: entry}}))
+    merged = merge_fuzz.merge([str(p) for p in paths])
+    assert merged["tests"]["ragged"] == {
+        "examples": 15,
+        "processes": 2,
+        "seconds": 2.0,
+        "failure": {"drawn": "s", "error": "E"},
+    }
+    assert (merged["processes"], merged["examples_checked"], merged["failures"]) == (3, 18, 1)
