@@ -217,7 +217,7 @@ def test_autotune_rewrites_a_loadable_table(tmp_path):
     from moe_pallas.kernels import config
 
     target = tmp_path / "config.py"
-    target.write_text(open(config.__file__).read())
+    target.write_text(Path(config.__file__).read_text())
     log = tmp_path / "log.json"
     autotune_gmm.main(["--small", "--classes", "small", "--write", str(target), "--log", str(log)])
     spec = importlib.util.spec_from_file_location("tuned_config", target)
