@@ -15,12 +15,19 @@ def interpret_mode() -> bool:
     return jax.default_backend() != "gpu"
 
 
-def resolve(implementation: str) -> str:
-    """Map `implementation` to the backend that runs: "pallas_triton", "xla" or "mosaic_gpu".
+def is_hopper() -> bool:
+    """Whether jax's default device is an sm90 GPU (H100/H200), where Mosaic GPU kernels run."""
+    device = jax.devices()[0]
+    return device.platform == "gpu" and getattr(device, "compute_capability", "") == "9.0"
 
-    "auto" picks pallas_triton on GPU and xla elsewhere (never mosaic_gpu: slower on the H200 at
-    every shape measured, benchmarks/results/2026-11-30_h200_session2/); an explicit
-    Pallas backend off GPU runs the kernels in interpret mode (slow, for tests).
+
+def resolve(implementation: str) -> str:
+    """Map `implementation` to what runs: "pallas_triton", "mosaic_gpu", "xla", or "auto".
+
+    "auto" off GPU is xla. On a GPU it stays "auto" on Hopper (sm90): each grouped matmul then runs
+    on Triton unless `kernels.gmm_mgpu.AUTO_TABLE` names its shape, where Mosaic GPU measured
+    faster on the H200; on other GPUs it is pallas_triton. An explicit Pallas backend off GPU runs
+    the kernels in interpret mode (slow, for tests).
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(
@@ -28,5 +35,7 @@ def resolve(implementation: str) -> str:
             'use "auto" to let the platform decide.'
         )
     if implementation == "auto":
-        return "pallas_triton" if jax.default_backend() == "gpu" else "xla"
+        if jax.default_backend() != "gpu":
+            return "xla"
+        return "auto" if is_hopper() else "pallas_triton"
     return implementation

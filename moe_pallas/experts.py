@@ -100,7 +100,9 @@ def validate(x, topk_idx, topk_weight, params, activation) -> dict[str, jax.Arra
 
 
 def resolve_implementation(implementation: str) -> str:
-    """Map "auto" to the best backend of this platform (pallas_triton on GPU, else xla).
+    """Map "auto" to the best backend of this platform: xla off GPU; on a GPU pallas_triton, or
+    on Hopper "auto" itself (each grouped matmul on Triton or, where `kernels.gmm_mgpu.AUTO_TABLE`
+    names its shape, on Mosaic GPU).
 
     An explicit "pallas_triton" off GPU runs the kernels in interpret mode (slow; tests, notebooks).
     """

@@ -185,6 +185,6 @@ _fused.defvjp(_forward, _fused_bwd)
 
 
 def fused_experts(x, topk_idx, topk_weight, params, activation, backend="pallas_triton"):
-    """`moe_experts` on the Pallas kernels of `backend` ("pallas_triton" or "mosaic_gpu";
-    arguments already validated; params a dict)."""
+    """`moe_experts` on the Pallas kernels of `backend` ("pallas_triton", "mosaic_gpu" or "auto",
+    see `ops.gmm_on_backend`; arguments already validated; params a dict)."""
     return _fused(activation, backend, x, topk_idx, topk_weight, params)

@@ -3,7 +3,8 @@
 Both take the backend by `implementation` ("auto", "pallas_triton", "xla", "mosaic_gpu"), see
 `moe_pallas._backend.resolve`. The Pallas path has a custom VJP built from the same two kernels
 (with "mosaic_gpu", a gradient runs the Mosaic GPU kernels when its operands share one 16-bit
-dtype, e.g. a bf16 cotangent of bf16 operands, and the Triton kernels otherwise):
+dtype, e.g. a bf16 cotangent of bf16 operands, and the Triton kernels otherwise; with "auto" on
+Hopper, each gmm runs on Mosaic GPU where `kernels.gmm_mgpu.AUTO_TABLE` names its shape):
 
     ragged_dot: out[m] = lhs[m] @ rhs[g(m)]        d_lhs = gmm(d_out, rhs, transpose_rhs)
                                                    d_rhs = tgmm(lhs, d_out)
@@ -56,15 +57,26 @@ def _mosaic(backend: str, *operands: jax.Array) -> bool:
     return backend == "mosaic_gpu" and _gmm_mgpu.accepts(*operands)
 
 
+def _mosaic_gmm(backend, lhs, rhs, plain: bool):
+    """(whether a gmm runs on Mosaic GPU, its config or None for the default): every call wgmma
+    takes under "mosaic_gpu"; under "auto" (Hopper) a plain gmm (no row gather, no GLU, rhs not
+    transposed) whose shape is in AUTO_TABLE, with the table's config."""
+    if _mosaic(backend, lhs, rhs):
+        return True, None
+    if backend == "auto" and plain and _gmm_mgpu.accepts(lhs, rhs):
+        num_groups, k_dim, n_dim = rhs.shape
+        config = _gmm_mgpu.auto_config(lhs.shape[0], num_groups, k_dim, n_dim)
+        return config is not None, config
+    return False, None
+
+
 def _zero_cotangent(group_sizes):
     return np.zeros(group_sizes.shape, jax.dtypes.float0)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
 def _ragged_dot_pallas(lhs, rhs, group_sizes, out_dtype, backend):
-    if backend == "mosaic_gpu":
-        return _gmm_mgpu.gmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
-    return _gmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+    return gmm_on_backend(backend, lhs, rhs, group_sizes, out_dtype=out_dtype)
 
 
 def _ragged_dot_fwd(lhs, rhs, group_sizes, out_dtype, backend):
@@ -73,10 +85,12 @@ def _ragged_dot_fwd(lhs, rhs, group_sizes, out_dtype, backend):
 
 def _ragged_dot_bwd(out_dtype, backend, res, d_out):
     lhs, rhs, group_sizes = res
-    mosaic = _mosaic(backend, lhs, rhs, d_out)
-    gmm, tgmm = (_gmm_mgpu.gmm, _tgmm_mgpu.tgmm) if mosaic else (_gmm, _tgmm)
-    d_lhs = gmm(d_out, rhs, group_sizes, transpose_rhs=True, out_dtype=lhs.dtype)
-    d_rhs = tgmm(lhs, d_out, group_sizes, out_dtype=rhs.dtype)
+    if not _mosaic(backend, lhs, rhs, d_out):  # one dtype for all three, or Triton for both
+        backend = "pallas_triton"
+    d_lhs = gmm_on_backend(
+        backend, d_out, rhs, group_sizes, transpose_rhs=True, out_dtype=lhs.dtype
+    )
+    d_rhs = tgmm_on_backend(backend, lhs, d_out, group_sizes, out_dtype=rhs.dtype)
     return d_lhs, d_rhs, _zero_cotangent(group_sizes)
 
 
@@ -86,10 +100,15 @@ _ragged_dot_pallas.defvjp(_ragged_dot_fwd, _ragged_dot_bwd)
 def gmm_on_backend(backend, lhs, rhs, group_sizes, *, lhs_row_index=None, **kwargs):
     """`kernels.gmm` on Mosaic GPU where `backend` is "mosaic_gpu" and wgmma takes the operands,
     else on Triton. Hopper's TMA cannot gather rows, so Mosaic GPU reads an XLA-gathered copy of
-    lhs (with Triton on the H200, such a copy + gmm ran 4-9% faster than the in-kernel gather)."""
-    if _mosaic(backend, lhs, rhs):
+    lhs (with Triton on the H200, such a copy + gmm ran 4-9% faster than the in-kernel gather).
+    Under "auto", only the shapes of `kernels.gmm_mgpu.AUTO_TABLE` run on Mosaic GPU."""
+    plain = (
+        lhs_row_index is None and not kwargs.get("activation") and not kwargs.get("transpose_rhs")
+    )
+    mosaic, config = _mosaic_gmm(backend, lhs, rhs, plain)
+    if mosaic:
         lhs = lhs if lhs_row_index is None else lhs[lhs_row_index]
-        return _gmm_mgpu.gmm(lhs, rhs, group_sizes, **kwargs)
+        return _gmm_mgpu.gmm(lhs, rhs, group_sizes, config=config, **kwargs)
     return _gmm(lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, **kwargs)
 
 

@@ -360,3 +360,56 @@ def test_mosaic_gpu_training_step_lowers_without_triton():
             SDS((8192, 5760), BF16),
             sizes,
         )
+
+
+def _gptoss_layer_args(tokens):
+    e, h, i, k = 128, 2880, 2880, 4
+    params = {
+        "w_gate_up": SDS((e, h, 2 * i), BF16),
+        "w_down": SDS((e, i, h), BF16),
+        "b_gate_up": SDS((e, 2 * i), BF16),
+        "b_down": SDS((e, h), BF16),
+    }
+    return SDS((tokens, h), BF16), SDS((tokens, k), jnp.int32), SDS((tokens, k), BF16), params
+
+
+@pytest.mark.parametrize("tokens, mosaic_kernels", [(16384, 1), (2048, 0)])
+def test_auto_runs_mosaic_gpu_on_the_table_shapes_only(tokens, mosaic_kernels):
+    """Under "auto" on an H200, the gpt-oss layer's down projection at 512 rows per expert (in
+    AUTO_TABLE) lowers to Mosaic GPU; gate_up (row gather, GLU), combine and the backward stay
+    Triton, and nothing runs on Mosaic GPU at 64 rows per expert."""
+    from moe_pallas import fused
+
+    args = _gptoss_layer_args(tokens)
+    layer = lambda x, i, w, p: fused.fused_experts(x, i, w, p, "gptoss", "auto")
+    text = _lower_for_h200(layer, *args)
+    assert text.count("mosaic_gpu_v2") == mosaic_kernels
+    assert text.count("__gpu$xla.gpu.triton") == 3 - mosaic_kernels
+    loss = lambda x, i, w, p: jnp.sum(layer(x, i, w, p).astype(jnp.float32))
+    grad_text = _lower_for_h200(jax.grad(loss, (0, 2, 3)), *args)
+    assert grad_text.count("mosaic_gpu_v2") == mosaic_kernels
+
+
+def test_auto_table_hit_runs_mosaic_gpu_and_matches_triton(monkeypatch):
+    """A plain gmm whose shape is in AUTO_TABLE runs the Mosaic GPU kernel with the table's
+    config (interpret mode here) and equals Triton's result; the same shape with a row gather
+    stays on Triton."""
+    from moe_pallas import ops
+
+    rng = np.random.default_rng(6)
+    lhs, rhs, sizes = _inputs(rng, 96, 64, 128, [40, 0, 56])
+    bias = jnp.asarray(rng.standard_normal((3, 128)), BF16)
+    row_scale = jnp.asarray(rng.random(96), jnp.float32)
+    monkeypatch.setitem(gmm_mgpu.AUTO_TABLE, ("small", 64, 128), SMALL)
+    calls = []
+    real = gmm_mgpu.gmm
+    monkeypatch.setattr(
+        gmm_mgpu, "gmm", lambda *a, **kw: calls.append(kw["config"]) or real(*a, **kw)
+    )
+    kwargs = {"bias": bias, "row_scale": row_scale, "out_dtype": jnp.float32}
+    got = ops.gmm_on_backend("auto", lhs, rhs, sizes, **kwargs)
+    assert calls == [SMALL]
+    want = ops.gmm_on_backend("pallas_triton", lhs, rhs, sizes, **kwargs)
+    assert rel_err(got, np.asarray(want, np.float64)) < 1e-6
+    ops.gmm_on_backend("auto", lhs, rhs, sizes, lhs_row_index=jnp.arange(96), **kwargs)
+    assert calls == [SMALL]

@@ -44,6 +44,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from moe_pallas import _backend
 from moe_pallas.activations import glu
+from moe_pallas.kernels import config as _config
 from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_sizes, grouped_dims
 
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -90,6 +91,22 @@ class MosaicConfig:
             block_n=cta_n // self.consumers,
             block_k=fit_block("gmm_mgpu", self.block_k, k, "K", 16),
         )
+
+
+# The shapes where implementation="auto" runs this kernel instead of Triton's on Hopper, each
+# measured faster on the H200 by benchmarks/bench_gmm_mgpu.py: (rows class of
+# `kernels.config.rows_class`, K, N) of a plain gmm (no row gather, no GLU, rhs not transposed)
+# -> its config. Every other call, and every call off sm90, stays on Triton.
+AUTO_TABLE: dict[tuple[str, int, int], MosaicConfig] = {
+    # gpt-oss down projection at T = 16384 (512 rows per expert): 2.190 ms against Triton's
+    # 2.271 (496 vs 479 TFLOP/s; benchmarks/results/2026-12-01_h200_session5/, call 2).
+    ("large", 2880, 2880): MosaicConfig(128, 256, 64, num_stages=3, grid_tile_n=4),
+}
+
+
+def auto_config(num_rows: int, num_groups: int, k: int, n: int) -> MosaicConfig | None:
+    """AUTO_TABLE's config for a plain gmm of this shape, or None (Triton runs it)."""
+    return AUTO_TABLE.get((_config.rows_class(num_rows, num_groups), k, n))
 
 
 def num_sms() -> int:
