@@ -9,7 +9,9 @@ H200 ceilings (989 TFLOP/s, 4.8 TB/s), and the relative error of each Mosaic con
 Triton output (a wrong Mosaic result is recorded next to its time, never hidden). tgmm columns
 time the weight gradient of the same case, `lhsᵀ @ d_out` per expert, d_out [M, N] (bytes: lhs,
 d_out and the [E, K, N] output; empty experts' zeros are written too). For gate_up, the
-"swiglu"/"gptoss" columns time the workload's fused GLU epilogue in both backends (default configs). Targets of
+"swiglu"/"gptoss" columns time the workload's fused GLU epilogue in both backends (default configs);
+for down, the "bias+row_scale" columns the layer's down call (bias and routing weight fused) with
+every config. Targets of
 issue 8: >= 700 TFLOP/s compute-bound, >= 90% of 4.8 TB/s bandwidth-bound. A config that fails
 to compile (e.g. shared memory) is recorded as an error and the run goes on.
 
@@ -97,6 +99,19 @@ def run_case(name, proj, t, top_k, e, k_dim, n_dim, configs, tgmm_configs, seed=
         record(f"{name} pallas_triton", triton_glu, reference, rhs, glu_bytes)
         mosaic_glu = lambda x, w, g: gmm_mgpu.gmm(x, w, g, activation=name)
         record(f"{name} mosaic_gpu", mosaic_glu, reference, rhs, glu_bytes)
+    if proj == "down":  # the layer's down call: bias and routing-weight row scale in the epilogue
+        bias = jax.random.normal(k4, (e, n_dim), jnp.bfloat16)
+        row_scale = jax.random.uniform(k1, (m,), jnp.float32)
+        triton_epi = lambda x, w, g: gmm(x, w, g, bias=bias, row_scale=row_scale)
+        reference = np.asarray(jax.jit(triton_epi)(lhs, rhs, sizes), np.float32)
+        record("bias+row_scale pallas_triton", triton_epi, reference, rhs, nbytes)
+        for text, cfg in configs.items():
+            fn = lambda x, w, g, cfg=cfg: gmm_mgpu.gmm(
+                x, w, g, bias=bias, row_scale=row_scale, config=cfg
+            )
+            record(f"bias+row_scale mosaic_gpu[{text}]", fn, reference, rhs, nbytes)
+    if not tgmm_configs:
+        return row
     reference = np.asarray(jax.jit(tgmm)(lhs, d_out, sizes), np.float32)
     tgmm_bytes = 2 * (e * k_dim * n_dim + m * k_dim + m * n_dim)
     record("tgmm pallas_triton", tgmm, reference, d_out, tgmm_bytes)
@@ -118,7 +133,15 @@ def main():
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
     parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
     parser.add_argument("--configs", nargs="+", default=list(DEFAULT_CONFIGS))
-    parser.add_argument("--tgmm-configs", nargs="+", default=list(DEFAULT_TGMM_CONFIGS))
+    parser.add_argument(
+        "--tgmm-configs",
+        nargs="*",
+        default=list(DEFAULT_TGMM_CONFIGS),
+        help="none given: no tgmm columns",
+    )
+    parser.add_argument(
+        "--cases", nargs="+", help="only these workload:proj:T, e.g. gptoss:down:16384"
+    )
     args = parser.parse_args()
     configs = {text: parse_config(text) for text in args.configs}
     tgmm_configs = {text: parse_tgmm_config(text) for text in args.tgmm_configs}
@@ -135,6 +158,8 @@ def main():
     }
     rows = []
     for case in cases(args.workloads, args.tokens):
+        if args.cases and f"{case[0]}:{case[1]}:{case[2]}" not in args.cases:
+            continue
         rows.append(run_case(*case, configs, tgmm_configs))
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "rows": rows}, f, indent=1)
