@@ -98,8 +98,10 @@ class MosaicConfig:
 # `kernels.config.rows_class`, K, N) of a plain gmm (no row gather, no GLU, rhs not transposed)
 # -> its config. Every other call, and every call off sm90, stays on Triton.
 AUTO_TABLE: dict[tuple[str, int, int], MosaicConfig] = {
-    # gpt-oss down projection at T = 16384 (512 rows per expert): 2.190 ms against Triton's
-    # 2.271 (496 vs 479 TFLOP/s; benchmarks/results/2026-12-01_h200_session5/, call 2).
+    # gpt-oss down projection at T = 16384 (512 rows per expert), with the layer's bias and
+    # routing weight: 2.170 ms against Triton's 2.225 (501 vs 489 TFLOP/s;
+    # benchmarks/results/2026-12-01_h200_session6/, call 4). SwiGLU's down at T = 8192 stays on
+    # Triton (2.520 ms against Mosaic's best 2.806).
     ("large", 2880, 2880): MosaicConfig(128, 256, 64, num_stages=3, grid_tile_n=4),
 }
 
