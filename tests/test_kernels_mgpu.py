@@ -131,6 +131,30 @@ def test_gmm_glu_matches_oracle(num_rows, group_sizes, with_epilogue, activation
     assert rel_err(out, ref) < 1e-5  # gate and up are exact in f32; the GLU runs in f32
 
 
+def test_decode_config_narrows_tiles_until_every_sm_has_work():
+    """rows_class "tiny": 64-row tiles and block_n halved until the hit experts' column tiles
+    give 132 SMs 4 pairs each (gpt-oss T = 1: 4 experts x 180 tiles of 16 columns)."""
+    with jax.sharding.use_abstract_mesh(H200):
+        decode = gmm_mgpu.default_config(4, 128, 2880, "gptoss")
+        swiglu_down = gmm_mgpu.default_config(8, 256, 4096, None)
+        prefill = gmm_mgpu.default_config(8192, 128, 2880, "gptoss")
+    assert (decode.block_m, decode.block_n, decode.num_stages) == (64, 16, 8)
+    assert (swiglu_down.block_m, swiglu_down.block_n) == (64, 32)
+    assert prefill == gmm_mgpu.MosaicConfig(block_n=64)
+
+
+@pytest.mark.parametrize("activation", [None, "gptoss"])
+def test_gmm_decode_config_matches_oracle(activation):
+    """A call without a config at decode sizes (2 rows per group) runs the decode config."""
+    rng = np.random.default_rng(30)
+    lhs, rhs, sizes = _inputs(rng, 6, 64, 128, [2, 0, 3, 1])
+    cfg = gmm_mgpu.default_config(6, 4, 64 if activation else 128, activation)
+    # interpret mode: 2 "SMs", so 8 pairs; 4 experts x 1 column tile -> narrowed once
+    assert (cfg.block_m, cfg.block_n) == (64, 32 if activation else 64)
+    out = gmm_mgpu.gmm(lhs, rhs, sizes, activation=activation, out_dtype=jnp.float32)
+    assert rel_err(out, gmm64(lhs, rhs, sizes, activation=activation)) < 1e-5
+
+
 def test_gmm_clamps_invalid_group_sizes_like_triton():
     rng = np.random.default_rng(2)
     lhs, rhs, sizes = _inputs(rng, 64, 32, 64, [-5, 40, 100])

@@ -28,6 +28,10 @@ count, at most log2(block_m) + 1, as in jax's ragged_dot_mgpu example): no other
 so neighbouring visits never overwrite each other. Rows past sum(group_sizes) form a pseudo-group
 G whose visits store zeros.
 
+Configs. A call without one gets `default_config`: 128 x 128 tiles (GLU 128 x 64), and for decode
+(at most 16 rows per group) 64-row tiles with block_n narrowed until every SM has a few pairs
+(not yet timed on the H200).
+
 Limits (ValueError, use the Triton backend instead): bf16/f16 operands of one dtype, N a multiple of
 block_n and K of block_k (both workloads' dimensions are multiples of 64); a GLU only with
 consumers=1 and a non-transposed rhs.
@@ -109,6 +113,23 @@ AUTO_TABLE: dict[tuple[str, int, int], MosaicConfig] = {
 def auto_config(num_rows: int, num_groups: int, k: int, n: int) -> MosaicConfig | None:
     """AUTO_TABLE's config for a plain gmm of this shape, or None (Triton runs it)."""
     return AUTO_TABLE.get((_config.rows_class(num_rows, num_groups), k, n))
+
+
+def default_config(
+    num_rows: int, num_groups: int, n_out: int, activation: str | None
+) -> MosaicConfig:
+    """The config of a call without one: 128 x 128 tiles (a GLU: 128 x 64 outputs, as its tile
+    reads 2·block_n weight columns); for decode (`rows_class` "tiny", at most 16 rows per group)
+    64-row tiles (one wgmma M), block_n halved until the experts hit, at most min(rows, groups),
+    have 4 (visit, n-tile) pairs per SM (at T = 1 gpt-oss hits 4 experts: 128-column tiles would
+    give 132 SMs 90 pairs), and 8 stages, as each holds a few KiB, to keep more bytes in flight."""
+    cfg = MosaicConfig(block_n=64 if activation else 128)
+    if _config.rows_class(num_rows, num_groups) != "tiny":
+        return cfg
+    block_n = cfg.block_n
+    while block_n > 16 and min(num_rows, num_groups) * (n_out // block_n) < 4 * num_sms():
+        block_n //= 2
+    return dataclasses.replace(cfg, block_m=64, block_n=block_n, num_stages=8)
 
 
 def num_sms() -> int:
@@ -501,9 +522,8 @@ def gmm(
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     if num_rows == 0 or n_out == 0 or k_dim == 0:
         return jnp.zeros((num_rows, n_out), out_dtype)
-    if config is None and activation:  # a GLU tile reads 2·block_n weight columns per k-step
-        config = dataclasses.replace(MosaicConfig(), block_n=MosaicConfig.block_n // 2)
-    cfg = (config or MosaicConfig()).fit(n_out, k_dim)
+    config = config or default_config(num_rows, num_groups, n_out, activation)
+    cfg = config.fit(n_out, k_dim)
     sched = schedule(clamp_group_sizes(group_sizes, num_rows), num_rows, cfg.block_m)
     # TMA boxes of block_m rows at multiples of 8 must fit in lhs: pad short or ragged lhs (a copy;
     # M = T·k is a multiple of 8 for k = 8, and for k = 4 at even T).
