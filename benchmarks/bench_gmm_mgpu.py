@@ -42,13 +42,17 @@ DEFAULT_CONFIGS = (
     "64,64,64,6,8",
     "128,128,64,3,4,2",  # warp-specialised: CTA tile 128 x 256 (4 stages exceed 227 KiB)
     "64,128,64,5,4,2",
+    "128,128,64,3,4,2m",  # two consumers along M: CTA tile 256 x 128 (jax's hopper example)
 )
 DEFAULT_TGMM_CONFIGS = ("64,128,128,4,4", "128,128,128,2,4", "64,64,128,6,8")
 
 
 def parse_config(text: str) -> gmm_mgpu.MosaicConfig:
-    """ "block_m,block_n,block_k,num_stages,grid_tile_n[,consumers]" -> MosaicConfig."""
-    return gmm_mgpu.MosaicConfig(*map(int, text.split(",")))
+    """ "block_m,block_n,block_k,num_stages,grid_tile_n[,consumers[m]]" -> MosaicConfig ("2m":
+    two consumer warpgroups splitting the tile's rows, "2": its columns)."""
+    *ints, last = text.split(",")
+    split = "m" if last.endswith("m") else "n"
+    return gmm_mgpu.MosaicConfig(*map(int, [*ints, last.rstrip("m")]), split=split)
 
 
 def parse_tgmm_config(text: str) -> tgmm_mgpu.TgmmMosaicConfig:
@@ -153,7 +157,7 @@ def main():
         "git_commit": subprocess.run(
             ["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True
         ).stdout.strip(),
-        "config_fields": "block_m,block_n,block_k,num_stages,grid_tile_n[,consumers]",
+        "config_fields": "block_m,block_n,block_k,num_stages,grid_tile_n[,consumers[m]]",
         "tgmm_config_fields": "block_m,block_k,block_n,num_stages,grid_tile_n",
     }
     rows = []

@@ -58,11 +58,14 @@ def test_gmm_transposed_rhs_bf16_out():
     assert rel_err(out, gmm64(lhs, rhs, sizes, transpose_rhs=True)) < 1e-2
 
 
+@pytest.mark.parametrize("split", ["n", "m"])
 @pytest.mark.parametrize("transpose_rhs", [False, True])
-def test_gmm_warp_specialised_matches_oracle(transpose_rhs):
+def test_gmm_warp_specialised_matches_oracle(transpose_rhs, split):
+    """Split "m": 128-row CTA tiles whose two row halves often hold rows of two groups (a 30-row
+    group ends inside the first half, the 50-row one spans both), stored by each consumer."""
     rng = np.random.default_rng(6)
     lhs, rhs, sizes = _inputs(rng, 100, 64, 256, [30, 0, 50, 13], transpose_rhs=transpose_rhs)
-    cfg = gmm_mgpu.MosaicConfig(64, 64, 32, num_stages=2, grid_tile_n=2, consumers=2)
+    cfg = gmm_mgpu.MosaicConfig(64, 64, 32, num_stages=2, grid_tile_n=2, consumers=2, split=split)
     out = gmm_mgpu.gmm(
         lhs, rhs, sizes, transpose_rhs=transpose_rhs, out_dtype=jnp.float32, config=cfg
     )
@@ -70,22 +73,25 @@ def test_gmm_warp_specialised_matches_oracle(transpose_rhs):
 
 
 @pytest.mark.parametrize(
-    "consumers, has_bias, has_row_scale, transpose_rhs",
+    "consumers, split, has_bias, has_row_scale, transpose_rhs",
     [
-        (1, True, True, False),
-        (1, False, True, True),
-        (1, True, False, False),
-        (2, True, True, True),
+        (1, "n", True, True, False),
+        (1, "n", False, True, True),
+        (1, "n", True, False, False),
+        (2, "n", True, True, True),
+        (2, "m", True, True, False),  # each consumer loads the row scale of its own rows
     ],
 )
-def test_gmm_epilogue_matches_oracle(consumers, has_bias, has_row_scale, transpose_rhs):
+def test_gmm_epilogue_matches_oracle(consumers, split, has_bias, has_row_scale, transpose_rhs):
     rng = np.random.default_rng(7 + consumers)
     n = 128 * consumers
     lhs, rhs, sizes = _inputs(rng, 100, 64, n, [30, 0, 50, 13], transpose_rhs=transpose_rhs)
     bias = jnp.asarray(rng.standard_normal((4, n)), BF16) if has_bias else None
     # row_scale may be longer than M (as for the Triton kernel); its extra entries are unused.
     row_scale = jnp.asarray(rng.random(104) + 0.5, jnp.float32) if has_row_scale else None
-    cfg = gmm_mgpu.MosaicConfig(64, 64, 32, num_stages=2, grid_tile_n=2, consumers=consumers)
+    cfg = gmm_mgpu.MosaicConfig(
+        64, 64, 32, num_stages=2, grid_tile_n=2, consumers=consumers, split=split
+    )
     out = gmm_mgpu.gmm(
         lhs,
         rhs,
@@ -221,17 +227,19 @@ def _lower_for_h200(fn, *args) -> str:
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("consumers", [1, 2])
+@pytest.mark.parametrize("consumers, split", [(1, "n"), (2, "n"), (2, "m")])
 @pytest.mark.parametrize("transpose_rhs", [False, True])
 @pytest.mark.parametrize(
     "rows, k, n, groups",
     [(8192, 2880, 5760, 128), (4, 2880, 2880, 128), (65536, 4096, 4096, 256), (8, 2048, 4096, 256)],
 )
-def test_gmm_lowers_for_h200(rows, k, n, groups, transpose_rhs, consumers):
+def test_gmm_lowers_for_h200(rows, k, n, groups, transpose_rhs, consumers, split):
     rhs = SDS((groups, n, k) if transpose_rhs else (groups, k, n), BF16)
-    cfg = gmm_mgpu.MosaicConfig(num_stages=4 if consumers == 1 else 3, consumers=consumers)
+    cfg = gmm_mgpu.MosaicConfig(
+        num_stages=4 if consumers == 1 else 3, consumers=consumers, split=split
+    )
     fn = functools.partial(gmm_mgpu.gmm, transpose_rhs=transpose_rhs, config=cfg)
-    if consumers == 2 and n % 128:  # 45 units of 64 columns cannot be split in two
+    if split == "n" and consumers == 2 and n % 128:  # 45 units of 64 columns cannot be halved
         with pytest.raises(ValueError, match="multiple of 128"):
             _lower_for_h200(fn, SDS((rows, k), BF16), rhs, SDS((groups,), jnp.int32))
         return

@@ -11,7 +11,10 @@ Schedule. A persistent kernel: one CTA per SM walks the (visit, n-tile) pairs of
 read as scalars from GMEM, so the grid does not depend on G (jax's `ragged_dot_mgpu` example
 unrolls a Python loop over groups instead). Per pair, a TMA pipeline of `num_stages`
 shared-memory slots streams [block_m, block_k] of lhs and [block_k, block_n] of rhs[g] into wgmma
-with a [block_m, block_n] float32 accumulator. The epilogue's operands (bias[g] for the tile's
+with a [block_m, block_n] float32 accumulator; warp-specialised configs (consumers=2) have a
+producer warpgroup stream a CTA tile of two such halves, side by side (split "n") or stacked
+(split "m": a 2·block_m-row schedule, each consumer storing the visit's rows in its half). The
+epilogue's operands (bias[g] for the tile's
 columns, row_scale for its rows) are TMA-loaded into shared memory when the visit starts, so they
 land during the main loop.
 
@@ -82,17 +85,28 @@ class MosaicConfig:
     num_stages: int = 4  # shared-memory slots of the TMA ring
     grid_tile_n: int = 4  # planar-snake band width over n-tiles (L2 reuse of lhs and rhs)
     # 1: one warpgroup issues TMA and wgmma; 2: warp-specialised, a producer warpgroup feeds two
-    # consumer warpgroups that each own block_n columns of a [block_m, 2 * block_n] tile.
+    # consumer warpgroups that each own a [block_m, block_n] half of the CTA's tile: its columns
+    # (split "n": a [block_m, 2 * block_n] tile) or its rows (split "m": [2 * block_m, block_n],
+    # the layout of jax's hopper_matmul_mgpu example at its best, 751 TFLOP/s on the H200).
     consumers: int = 1
+    split: str = "n"
+
+    @property
+    def cta_m(self) -> int:
+        """Rows of the CTA's tile: the schedule's tile height."""
+        return 2 * self.block_m if self.consumers == 2 and self.split == "m" else self.block_m
 
     def fit(self, n: int, k: int) -> "MosaicConfig":
         """The largest block_n (block_k) of at most the configured size that divides N (K)."""
+        if self.split not in ("n", "m"):
+            raise ValueError(f'MosaicConfig.split={self.split!r} must be "n" or "m".')
         # Two consumers split the tile's columns at a 64-column (128-byte swizzle) boundary.
-        unit = 16 if self.consumers == 1 else 128
-        cta_n = fit_block("gmm_mgpu", self.consumers * self.block_n, n, "N", unit)
+        column_parts = 2 if self.consumers == 2 and self.split == "n" else 1
+        unit = 128 if column_parts == 2 else 16
+        cta_n = fit_block("gmm_mgpu", column_parts * self.block_n, n, "N", unit)
         return dataclasses.replace(
             self,
-            block_n=cta_n // self.consumers,
+            block_n=cta_n // column_parts,
             block_k=fit_block("gmm_mgpu", self.block_k, k, "K", 16),
         )
 
@@ -265,8 +279,9 @@ def _kernel_ws(
     has_bias: bool,
     has_row_scale: bool,
 ):
-    """Warp-specialised `_kernel`: warpgroup 2 issues the TMA loads of a [block_m, 2 * block_n]
-    tile, warpgroups 0 and 1 run wgmma on its two column halves and store them."""
+    """Warp-specialised `_kernel`: warpgroup 2 issues the TMA loads of the CTA's tile
+    ([block_m, 2 * block_n], or [2 * block_m, block_n] with split "m"), warpgroups 0 and 1 run
+    wgmma on its two column (row) halves and store the rows of the visit that fall in theirs."""
     it = iter(refs)
     bias_gmem = next(it) if has_bias else None
     row_scale_gmem = next(it) if has_row_scale else None
@@ -274,7 +289,8 @@ def _kernel_ws(
     lhs_rows, k_dim = lhs_gmem.shape
     n_dim = out_gmem.shape[1]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    cta_n = 2 * bn
+    by_rows = cfg.split == "m"
+    cta_m, cta_n = (2 * bm, bn) if by_rows else (bm, 2 * bn)
     n_tiles = n_dim // cta_n
 
     def pipeline(body, compute_context):
@@ -283,7 +299,7 @@ def _kernel_ws(
             grid=(k_dim // bk,),
             memory_registers=40,
             in_specs=[
-                plgpu.BlockSpec((bm, bk), lambda kk: (0, kk), memory_space=plgpu.SMEM),
+                plgpu.BlockSpec((cta_m, bk), lambda kk: (0, kk), memory_space=plgpu.SMEM),
                 plgpu.BlockSpec(
                     (cta_n, bk) if transpose_rhs else (bk, cta_n),
                     (lambda kk: (0, kk)) if transpose_rhs else (lambda kk: (kk, 0)),
@@ -305,7 +321,7 @@ def _kernel_ws(
     @functools.partial(
         pl.run_scoped,
         allocs=pipeline(ignore, ignore).get_allocations(
-            lhs_gmem.at[pl.ds(0, bm)], rhs_window(0, 0)
+            lhs_gmem.at[pl.ds(0, cta_m)], rhs_window(0, 0)
         ),
         o_smem=plgpu.SMEM((2, bm, bn), out_gmem.dtype),
         **_epilogue_scratch(2, 1, bm, bn),
@@ -313,7 +329,7 @@ def _kernel_ws(
     )
     def _scope(allocs, o_smem, bias_smem, row_scale_smem, bias_barriers, row_scale_barriers):
         wg = jax.lax.axis_index("wg")
-        wg_cols = pl.ds(wg * bn, bn)
+        wg_cols = slice(None) if by_rows else pl.ds(wg * bn, bn)
         epilogue = _Epilogue(
             bias_gmem,
             row_scale_gmem,
@@ -330,33 +346,41 @@ def _kernel_ws(
             g = group_gmem[v]
             row_start = row_start_gmem[v]
             size = row_end_gmem[v] - row_start
-            a0 = pl.multiple_of(jnp.minimum(tile8_gmem[v], (lhs_rows - bm) // 8) * 8, 8)
+            a0 = pl.multiple_of(jnp.minimum(tile8_gmem[v], (lhs_rows - cta_m) // 8) * 8, 8)
             col0 = ni * cta_n
+            # This warpgroup's [bm, bn] part: rows from wg_a0, columns from wg_col0, and the
+            # visit's rows [wg_start, wg_start + wg_size) inside it.
+            if by_rows:
+                wg_a0, wg_col0 = a0 + wg * bm, col0
+                wg_start = jnp.clip(row_start, wg_a0, wg_a0 + bm)
+                wg_size = jnp.clip(row_start + size, wg_a0, wg_a0 + bm) - wg_start
+            else:
+                wg_a0, wg_col0, wg_start, wg_size = a0, col0 + wg * bn, row_start, size
 
             def compute_context(eval_pipeline):
                 @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((bm, bn), jnp.float32))
                 def _(acc_ref):
-                    epilogue.start(g, a0, col0 + wg * bn)
+                    epilogue.start(g, wg_a0, wg_col0)
                     eval_pipeline(acc_ref)
                     o_smem[wg] = epilogue.apply(acc_ref[...]).astype(o_smem.dtype)
-                    _store_rows(o_smem.at[wg], out_gmem, a0, row_start, size, col0 + wg * bn)
+                    _store_rows(o_smem.at[wg], out_gmem, wg_a0, wg_start, wg_size, wg_col0)
 
             def mma(_, a_smem, b_smem, acc_ref):
                 b = b_smem.at[wg_cols].T if transpose_rhs else b_smem.at[:, wg_cols]
-                plgpu.wgmma(acc_ref, a_smem, b)
+                plgpu.wgmma(acc_ref, a_smem.at[pl.ds(wg * bm, bm)] if by_rows else a_smem, b)
                 plgpu.wgmma_wait(0)
                 return acc_ref
 
             @pl.when((size > 0) & (g < num_groups))
             def _grouped_rows():
                 pipeline(mma, compute_context)(
-                    lhs_gmem.at[pl.ds(a0, bm)], rhs_window(g, col0), allocations=allocs
+                    lhs_gmem.at[pl.ds(a0, cta_m)], rhs_window(g, col0), allocations=allocs
                 )
 
             @pl.when((size > 0) & (g == num_groups) & (wg < 2))
             def _tail_rows():
                 o_smem[wg] = jnp.zeros((bm, bn), o_smem.dtype)
-                _store_rows(o_smem.at[wg], out_gmem, a0, row_start, size, col0 + wg * bn)
+                _store_rows(o_smem.at[wg], out_gmem, wg_a0, wg_start, wg_size, wg_col0)
 
 
 def _kernel(
@@ -524,10 +548,10 @@ def gmm(
         return jnp.zeros((num_rows, n_out), out_dtype)
     config = config or default_config(num_rows, num_groups, n_out, activation)
     cfg = config.fit(n_out, k_dim)
-    sched = schedule(clamp_group_sizes(group_sizes, num_rows), num_rows, cfg.block_m)
-    # TMA boxes of block_m rows at multiples of 8 must fit in lhs: pad short or ragged lhs (a copy;
+    sched = schedule(clamp_group_sizes(group_sizes, num_rows), num_rows, cfg.cta_m)
+    # TMA boxes of cta_m rows at multiples of 8 must fit in lhs: pad short or ragged lhs (a copy;
     # M = T·k is a multiple of 8 for k = 8, and for k = 4 at even T).
-    lhs_rows = max(-(-num_rows // 8) * 8, cfg.block_m)
+    lhs_rows = max(-(-num_rows // 8) * 8, cfg.cta_m)
     if lhs_rows > num_rows:
         lhs = jnp.pad(lhs, ((0, lhs_rows - num_rows), (0, 0)))
     if activation == "gptoss":  # one uint32 word per interleaved (gate, up) pair: a free bitcast
