@@ -14,9 +14,8 @@ shared-memory slots streams [block_m, block_k] of lhs and [block_k, block_n] of 
 with a [block_m, block_n] float32 accumulator; warp-specialised configs (consumers=2) have a
 producer warpgroup stream a CTA tile of two such halves, side by side (split "n") or stacked
 (split "m": a 2·block_m-row schedule, each consumer storing the visit's rows in its half). The
-epilogue's operands (bias[g] for the tile's
-columns, row_scale for its rows) are TMA-loaded into shared memory when the visit starts, so they
-land during the main loop.
+epilogue's operands (bias[g] for the tile's columns, row_scale for its rows) are TMA-loaded into
+shared memory when the visit starts, so they land during the main loop.
 
 Ragged rows. Mosaic GPU tiles the swizzled shared-memory buffers in 8-row units and issues the
 TMA load of lhs in those units, so a box's first row must be a multiple of 8 (layout inference
