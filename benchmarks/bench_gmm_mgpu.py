@@ -9,7 +9,9 @@ H200 ceilings (989 TFLOP/s, 4.8 TB/s), and the relative error of each Mosaic con
 Triton output (a wrong Mosaic result is recorded next to its time, never hidden). tgmm columns
 time the weight gradient of the same case, `lhsᵀ @ d_out` per expert, d_out [M, N] (bytes: lhs,
 d_out and the [E, K, N] output; empty experts' zeros are written too). For gate_up, the
-"swiglu"/"gptoss" columns time the workload's fused GLU epilogue in both backends (default configs);
+"swiglu"/"gptoss" columns time the workload's fused GLU epilogue in both backends (Mosaic: the
+default config and every --configs entry, whose block_n counts output columns; a config the GLU
+does not take is recorded as an error);
 for down, the "bias+row_scale" columns the layer's down call (bias and routing weight fused) with
 every config. Targets of
 issue 8: >= 700 TFLOP/s compute-bound, >= 90% of 4.8 TB/s bandwidth-bound. A config that fails
@@ -103,6 +105,9 @@ def run_case(name, proj, t, top_k, e, k_dim, n_dim, configs, tgmm_configs, seed=
         record(f"{name} pallas_triton", triton_glu, reference, rhs, glu_bytes)
         mosaic_glu = lambda x, w, g: gmm_mgpu.gmm(x, w, g, activation=name)
         record(f"{name} mosaic_gpu", mosaic_glu, reference, rhs, glu_bytes)
+        for text, cfg in configs.items():  # block_n counts output columns (a GLU reads twice)
+            fn = lambda x, w, g, cfg=cfg: gmm_mgpu.gmm(x, w, g, activation=name, config=cfg)
+            record(f"{name} mosaic_gpu[{text}]", fn, reference, rhs, glu_bytes)
     if proj == "down":  # the layer's down call: bias and routing-weight row scale in the epilogue
         bias = jax.random.normal(k4, (e, n_dim), jnp.bfloat16)
         row_scale = jax.random.uniform(k1, (m,), jnp.float32)

@@ -113,10 +113,17 @@ def test_gmm_epilogue_matches_oracle(consumers, split, has_bias, has_row_scale, 
     assert rel_err(out, ref) < 1e-5  # bias and scale are applied in float32
 
 
-@pytest.mark.parametrize("activation", ["swiglu", "gptoss"])
+WS_ROWS = gmm_mgpu.MosaicConfig(64, 64, 32, num_stages=2, grid_tile_n=2, consumers=2, split="m")
+
+
+@pytest.mark.parametrize(
+    "activation, config",
+    [("swiglu", SMALL), ("gptoss", SMALL), ("swiglu", WS_ROWS)],
+    ids=["swiglu", "gptoss", "swiglu_ws_rows"],
+)
 @pytest.mark.parametrize("with_epilogue", [False, True])
 @pytest.mark.parametrize("num_rows, group_sizes", [(100, [30, 0, 50, 13]), (1, [0, 1, 0, 0])])
-def test_gmm_glu_matches_oracle(num_rows, group_sizes, with_epilogue, activation):
+def test_gmm_glu_matches_oracle(num_rows, group_sizes, with_epilogue, activation, config):
     rng = np.random.default_rng(20 + num_rows)
     lhs, rhs, sizes = _inputs(rng, num_rows, 64, 256, group_sizes)
     rhs = rhs * 4  # pre-activations of a few units: gpt-oss's clamps at ±7 bite on some
@@ -130,7 +137,7 @@ def test_gmm_glu_matches_oracle(num_rows, group_sizes, with_epilogue, activation
         activation=activation,
         row_scale=row_scale,
         out_dtype=jnp.float32,
-        config=SMALL,
+        config=config,
     )
     assert out.shape == (num_rows, 128)
     ref = gmm64(lhs, rhs, sizes, bias=bias, activation=activation, row_scale=row_scale)
@@ -271,12 +278,21 @@ def test_gmm_epilogue_lowers_for_h200(rows, k, n, groups, consumers):
         ("gptoss", 65536, 4096, 4096, 256),
     ],
 )
-def test_gmm_glu_lowers_for_h200(activation, rows, h, n, groups):
-    """gate_up projections (N = 2I) with bias and row_scale, default config."""
+@pytest.mark.parametrize(
+    "config", [None, gmm_mgpu.MosaicConfig(128, 64, 64, 3, consumers=2, split="m")]
+)
+def test_gmm_glu_lowers_for_h200(activation, rows, h, n, groups, config):
+    """gate_up projections (N = 2I) with bias and row_scale: the default config (the decode one
+    at 4-8 rows), and warp-specialised 256 x 64 CTA tiles for SwiGLU (shared memory within
+    227 KiB; gpt-oss's interleaved GLU is refused there)."""
     fn = lambda lhs, rhs, sizes, bias, row_scale: gmm_mgpu.gmm(
-        lhs, rhs, sizes, bias=bias, activation=activation, row_scale=row_scale
+        lhs, rhs, sizes, bias=bias, activation=activation, row_scale=row_scale, config=config
     )
     args = (SDS((rows, h), BF16), SDS((groups, h, n), BF16), SDS((groups,), jnp.int32))
+    if config is not None and activation == "gptoss":
+        with pytest.raises(ValueError, match="interleaved"):
+            _lower_for_h200(fn, *args, SDS((groups, n), BF16), SDS((rows,), jnp.float32))
+        return
     text = _lower_for_h200(fn, *args, SDS((groups, n), BF16), SDS((rows,), jnp.float32))
     assert "mosaic_gpu_v2" in text
 

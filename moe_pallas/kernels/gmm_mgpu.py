@@ -35,8 +35,8 @@ Configs. A call without one gets `default_config`: 128 x 128 tiles (GLU 128 x 64
 (not yet timed on the H200).
 
 Limits (ValueError, use the Triton backend instead): bf16/f16 operands of one dtype, N a multiple of
-block_n and K of block_k (both workloads' dimensions are multiples of 64); a GLU only with
-consumers=1 and a non-transposed rhs.
+block_n and K of block_k (both workloads' dimensions are multiples of 64); a GLU only with a
+non-transposed rhs and consumers=1, or SwiGLU with split "m".
 """
 
 import dataclasses
@@ -277,33 +277,38 @@ def _kernel_ws(
     transpose_rhs: bool,
     has_bias: bool,
     has_row_scale: bool,
+    activation: str | None,
 ):
     """Warp-specialised `_kernel`: warpgroup 2 issues the TMA loads of the CTA's tile
     ([block_m, 2 * block_n], or [2 * block_m, block_n] with split "m"), warpgroups 0 and 1 run
-    wgmma on its two column (row) halves and store the rows of the visit that fall in theirs."""
+    wgmma on its two column (row) halves and store the rows of the visit that fall in theirs.
+    SwiGLU (split "m" only) reads the gate and the up block per step, as `_kernel` does, into two
+    accumulators per consumer."""
     it = iter(refs)
     bias_gmem = next(it) if has_bias else None
     row_scale_gmem = next(it) if has_row_scale else None
     out_gmem = next(it)
     lhs_rows, k_dim = lhs_gmem.shape
-    n_dim = out_gmem.shape[1]
+    n_dim = out_gmem.shape[1]  # of the output: N / 2 columns with a GLU
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     by_rows = cfg.split == "m"
     cta_m, cta_n = (2 * bm, bn) if by_rows else (bm, 2 * bn)
     n_tiles = n_dim // cta_n
+    parts = 2 if activation else 1  # rhs blocks and accumulators: SwiGLU's gate and up
 
     def pipeline(body, compute_context):
+        rhs_spec = plgpu.BlockSpec(
+            (cta_n, bk) if transpose_rhs else (bk, cta_n),
+            (lambda kk: (0, kk)) if transpose_rhs else (lambda kk: (kk, 0)),
+            memory_space=plgpu.SMEM,
+        )
         return plgpu.emit_pipeline_warp_specialized(
             body,
             grid=(k_dim // bk,),
             memory_registers=40,
             in_specs=[
                 plgpu.BlockSpec((cta_m, bk), lambda kk: (0, kk), memory_space=plgpu.SMEM),
-                plgpu.BlockSpec(
-                    (cta_n, bk) if transpose_rhs else (bk, cta_n),
-                    (lambda kk: (0, kk)) if transpose_rhs else (lambda kk: (kk, 0)),
-                    memory_space=plgpu.SMEM,
-                ),
+                *[rhs_spec] * parts,
             ],
             wg_axis="wg",
             num_compute_wgs=2,
@@ -311,19 +316,20 @@ def _kernel_ws(
             compute_context=compute_context,
         )
 
-    def rhs_window(g, col0):
+    def rhs_windows(g, col0):  # SwiGLU's up block lies N_out columns right of its gate block
         rhs_g = rhs_gmem.at[jnp.minimum(g, num_groups - 1)]
-        return rhs_g.at[pl.ds(col0, cta_n)] if transpose_rhs else rhs_g.at[:, pl.ds(col0, cta_n)]
+        cols = [pl.ds(col0 + p * n_dim, cta_n) for p in range(parts)]
+        return [rhs_g.at[c] if transpose_rhs else rhs_g.at[:, c] for c in cols]
 
     ignore = lambda *_, **__: None  # allocations do not depend on the bodies
 
     @functools.partial(
         pl.run_scoped,
         allocs=pipeline(ignore, ignore).get_allocations(
-            lhs_gmem.at[pl.ds(0, cta_m)], rhs_window(0, 0)
+            lhs_gmem.at[pl.ds(0, cta_m)], *rhs_windows(0, 0)
         ),
         o_smem=plgpu.SMEM((2, bm, bn), out_gmem.dtype),
-        **_epilogue_scratch(2, 1, bm, bn),
+        **_epilogue_scratch(2, parts, bm, bn),
         collective_axes="wg",
     )
     def _scope(allocs, o_smem, bias_smem, row_scale_smem, bias_barriers, row_scale_barriers):
@@ -332,7 +338,7 @@ def _kernel_ws(
         epilogue = _Epilogue(
             bias_gmem,
             row_scale_gmem,
-            None,
+            activation,
             bias_smem.at[wg],
             row_scale_smem.at[wg],
             bias_barriers.at[wg],
@@ -357,23 +363,29 @@ def _kernel_ws(
                 wg_a0, wg_col0, wg_start, wg_size = a0, col0 + wg * bn, row_start, size
 
             def compute_context(eval_pipeline):
-                @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((bm, bn), jnp.float32))
-                def _(acc_ref):
+                def _(*acc_refs):
                     epilogue.start(g, wg_a0, wg_col0)
-                    eval_pipeline(acc_ref)
-                    o_smem[wg] = epilogue.apply(acc_ref[...]).astype(o_smem.dtype)
+                    eval_pipeline(acc_refs)
+                    out = epilogue.apply(*(acc_ref[...] for acc_ref in acc_refs))
+                    o_smem[wg] = out.astype(o_smem.dtype)
                     _store_rows(o_smem.at[wg], out_gmem, wg_a0, wg_start, wg_size, wg_col0)
 
-            def mma(_, a_smem, b_smem, acc_ref):
-                b = b_smem.at[wg_cols].T if transpose_rhs else b_smem.at[:, wg_cols]
-                plgpu.wgmma(acc_ref, a_smem.at[pl.ds(wg * bm, bm)] if by_rows else a_smem, b)
+                pl.run_scoped(_, *[plgpu.ACC((bm, bn), jnp.float32)] * parts)
+
+            def mma(_, a_smem, *rest):
+                *b_smems, acc_refs = rest
+                a = a_smem.at[pl.ds(wg * bm, bm)] if by_rows else a_smem
+                for acc_ref, b_smem in zip(acc_refs, b_smems):
+                    plgpu.wgmma(
+                        acc_ref, a, b_smem.at[wg_cols].T if transpose_rhs else b_smem.at[:, wg_cols]
+                    )
                 plgpu.wgmma_wait(0)
-                return acc_ref
+                return acc_refs
 
             @pl.when((size > 0) & (g < num_groups))
             def _grouped_rows():
                 pipeline(mma, compute_context)(
-                    lhs_gmem.at[pl.ds(a0, cta_m)], rhs_window(g, col0), allocations=allocs
+                    lhs_gmem.at[pl.ds(a0, cta_m)], *rhs_windows(g, col0), allocations=allocs
                 )
 
             @pl.when((size > 0) & (g == num_groups) & (wg < 2))
@@ -524,12 +536,14 @@ def gmm(
         raise ValueError(f"gmm_mgpu: activation={activation!r} must be None, 'swiglu' or 'gptoss'.")
     num_groups, k_dim, n_dim = grouped_dims(lhs, rhs, group_sizes, transpose_rhs)
     num_rows = lhs.shape[0]
-    consumers = (config or MosaicConfig()).consumers
-    if activation and (transpose_rhs or n_dim % 2 or consumers != 1):
+    ws = config is not None and config.consumers == 2
+    ws_glu_ok = activation != "gptoss" and config is not None and config.split == "m"
+    if activation and (transpose_rhs or n_dim % 2 or (ws and not ws_glu_ok)):
         raise ValueError(
-            "gmm_mgpu: a GLU activation needs a non-transposed rhs with an even column count and "
-            f"a config with consumers=1; got transpose_rhs={transpose_rhs}, N={n_dim}, "
-            f"consumers={consumers}."
+            "gmm_mgpu: a GLU activation needs a non-transposed rhs with an even column count, and "
+            'consumers=1 (or, for SwiGLU, split="m"): gpt-oss\'s interleaved pairs are split in '
+            f"one warpgroup's shared memory; got transpose_rhs={transpose_rhs}, N={n_dim}, "
+            f"config={config}."
         )
     if bias is not None and bias.shape != (num_groups, n_dim):
         raise ValueError(
@@ -565,7 +579,8 @@ def gmm(
         row_scale = row_scale[:num_rows].astype(jnp.float32)
         operands.append(jnp.pad(row_scale, (0, lhs_rows - num_rows)))
     kernel = functools.partial(
-        functools.partial(_kernel, activation=activation) if cfg.consumers == 1 else _kernel_ws,
+        _kernel if cfg.consumers == 1 else _kernel_ws,
+        activation=activation,
         num_groups=num_groups,
         num_visits=sched.group.shape[0],
         cfg=cfg,
