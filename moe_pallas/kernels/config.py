@@ -92,19 +92,24 @@ def rows_class(num_rows: int, num_groups: int) -> str:
 _MIN_PROGRAMS = 4 * 132  # a few programs per H200 SM keep every SM streaming weights
 
 
-def pick(kernel: str, num_rows: int, num_groups: int, k: int, n: int) -> BlockConfig:
-    """The table's config for this shape, fitted to it.
+def spread_block_n(
+    block_n: int, n: int, num_rows: int, num_groups: int, min_block_n: int, programs: int
+) -> int:
+    """block_n halved (not below min_block_n) until the min(rows, groups) experts hit have
+    `programs` (row tile, column tile) pairs: with few rows, each hit expert's weights must be
+    split over every SM to stream at full bandwidth (at T = 1, 4 experts x 45 column tiles would
+    leave SMs idle)."""
+    while block_n > min_block_n and min(num_rows, num_groups) * -(-n // block_n) < programs:
+        block_n //= 2
+    return block_n
 
-    With few rows, only min(rows, groups) experts are hit: narrow block_n until their weights are
-    split over enough programs to occupy every SM (at T = 1, 4 experts x 45 column tiles would
-    leave SMs idle).
-    """
+
+def pick(kernel: str, num_rows: int, num_groups: int, k: int, n: int) -> BlockConfig:
+    """The table's config for this shape, fitted to it, with block_n narrowed by
+    `spread_block_n` for the gmm kernels."""
     cfg = _TABLE[(kernel, rows_class(num_rows, num_groups))].fit(num_rows, k, n)
     if kernel != "tgmm":
         min_block_n = 16 if kernel == "gmm_glu" else 32  # a GLU tile reads 2·block_n columns
-        while (
-            cfg.block_n > min_block_n
-            and min(num_rows, num_groups) * -(-n // cfg.block_n) < _MIN_PROGRAMS
-        ):
-            cfg = dataclasses.replace(cfg, block_n=cfg.block_n // 2)
+        block_n = spread_block_n(cfg.block_n, n, num_rows, num_groups, min_block_n, _MIN_PROGRAMS)
+        cfg = dataclasses.replace(cfg, block_n=block_n)
     return cfg

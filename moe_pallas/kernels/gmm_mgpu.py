@@ -133,15 +133,14 @@ def default_config(
 ) -> MosaicConfig:
     """The config of a call without one: 128 x 128 tiles (a GLU: 128 x 64 outputs, as its tile
     reads 2·block_n weight columns); for decode (`rows_class` "tiny", at most 16 rows per group)
-    64-row tiles (one wgmma M), block_n halved until the experts hit, at most min(rows, groups),
-    have 4 (visit, n-tile) pairs per SM (at T = 1 gpt-oss hits 4 experts: 128-column tiles would
-    give 132 SMs 90 pairs), and 8 stages, as each holds a few KiB, to keep more bytes in flight."""
+    64-row tiles (one wgmma M), block_n narrowed by `config.spread_block_n` until the experts
+    hit have 4 (visit, n-tile) pairs per SM (at T = 1 gpt-oss hits 4 experts: its GLU's 2880
+    output columns in 64-wide tiles would give 132 SMs 180 pairs), and 8 stages, as each holds a
+    few KiB, to keep more bytes in flight."""
     cfg = MosaicConfig(block_n=64 if activation else 128)
     if _config.rows_class(num_rows, num_groups) != "tiny":
         return cfg
-    block_n = cfg.block_n
-    while block_n > 16 and min(num_rows, num_groups) * (n_out // block_n) < 4 * num_sms():
-        block_n //= 2
+    block_n = _config.spread_block_n(cfg.block_n, n_out, num_rows, num_groups, 16, 4 * num_sms())
     return dataclasses.replace(cfg, block_m=64, block_n=block_n, num_stages=8)
 
 
