@@ -17,6 +17,7 @@ from jax.sharding import AbstractDevice, AbstractMesh
 import moe_pallas
 from moe_pallas.kernels import gmm_mgpu, tgmm_mgpu
 from tests.test_kernels_gmm import gmm64, rel_err, tgmm64
+from tests.test_lowering import _layer_args
 
 SMALL = gmm_mgpu.MosaicConfig(block_m=64, block_n=64, block_k=32, num_stages=2, grid_tile_n=2)
 BF16 = jnp.bfloat16
@@ -410,17 +411,6 @@ def test_mosaic_gpu_training_step_lowers_without_triton():
         )
 
 
-def _gptoss_layer_args(tokens):
-    e, h, i, k = 128, 2880, 2880, 4
-    params = {
-        "w_gate_up": SDS((e, h, 2 * i), BF16),
-        "w_down": SDS((e, i, h), BF16),
-        "b_gate_up": SDS((e, 2 * i), BF16),
-        "b_down": SDS((e, h), BF16),
-    }
-    return SDS((tokens, h), BF16), SDS((tokens, k), jnp.int32), SDS((tokens, k), BF16), params
-
-
 @pytest.mark.parametrize("tokens, mosaic_kernels", [(16384, 1), (2048, 0)])
 def test_auto_runs_mosaic_gpu_on_the_table_shapes_only(tokens, mosaic_kernels):
     """Under "auto" on an H200, the gpt-oss layer's down projection at 512 rows per expert (in
@@ -428,7 +418,7 @@ def test_auto_runs_mosaic_gpu_on_the_table_shapes_only(tokens, mosaic_kernels):
     Triton, and nothing runs on Mosaic GPU at 64 rows per expert."""
     from moe_pallas import fused
 
-    args = _gptoss_layer_args(tokens)
+    args = _layer_args("gptoss", tokens)
     layer = lambda x, i, w, p: fused.fused_experts(x, i, w, p, "gptoss", "auto")
     text = _lower_for_h200(layer, *args)
     assert text.count("mosaic_gpu_v2") == mosaic_kernels
