@@ -23,7 +23,7 @@ backward), y (d topk_weight comes from g·a below). Saving a and recomputing h i
 
 Backward (e the row's expert):
     g[m]         = gmm(dout, w_downᵀ, lhs_row_index=row_token)    [M, I] float32 (a temporary)
-    dh, a, dw[m] = glu'(h)·(w·g), glu(h), ⟨g, a⟩     one XLA elementwise pass over g and h
+    dh, a, dw[m] = glu'(h)·(w·g), glu(h), ⟨g, a⟩     one pass over g and h (kernels/glu_bwd.py)
     dy[m]        = row_weight[m] · dout[row_token[m]]                      [M, H]
     d_w_down     = tgmm(a, dy)                      d_b_down[e]    = Σ_{m in e} dy[m]
     d_w_gate_up  = tgmm(x[row_token], dh)           d_b_gate_up[e] = Σ_{m in e} dh[m]
@@ -33,7 +33,9 @@ g is not fused with the GLU derivative: a Triton kernel doing both (gmm_t's loop
 its epilogue) was slower on the H200 than gmm_t at its wide tiles plus the elementwise pass, whose
 extra traffic (g written and read once in float32) is small next to the weights. T = 2048, bf16,
 2026-11-30 session 4: gpt-oss 1.070 ms fused (best of 7 tiles 1.045) vs 0.784 split; SwiGLU
-1.691 (1.591) vs 1.362 (benchmarks/results/2026-11-30_h200_session4/).
+1.691 (1.591) vs 1.362 (benchmarks/results/2026-11-30_h200_session4/). The elementwise pass is a
+Triton kernel reading h and g once: XLA's fusions of it took three kernels, 0.23 ms at gpt-oss
+T = 2048 (2026-12-01 trace), for ~330 MB of traffic (~0.07 ms at 4.8 TB/s).
 Per-expert bias sums are tgmm calls against a ones column: no scatter atomics anywhere, so forward
 and backward are bitwise reproducible run to run.
 
@@ -57,8 +59,9 @@ import jax
 import jax.numpy as jnp
 
 from moe_pallas import dispatch as _dispatch
-from moe_pallas.activations import glu, glu_bwd, merge_gate_up, split_gate_up
+from moe_pallas.activations import glu, split_gate_up
 from moe_pallas.kernels.combine import combine
+from moe_pallas.kernels.glu_bwd import glu_backward
 from moe_pallas.kernels.tgmm import tgmm
 from moe_pallas.ops import gmm_on_backend, tgmm_on_backend
 
@@ -102,10 +105,7 @@ def dlhs(activation, backend, dout, w_down, h, d, row_weight):
         transpose_rhs=True,
         out_dtype=jnp.float32,
     )
-    gate, up = split_gate_up(h.astype(jnp.float32), activation)
-    a = glu(gate, up, activation)
-    dh = merge_gate_up(*glu_bwd(gate, up, g * row_weight[:, None], activation), activation)
-    return dh.astype(h.dtype), a.astype(h.dtype), jnp.sum(g * a, axis=1)
+    return glu_backward(h, g, row_weight, activation)
 
 
 def _forward(activation, backend, x, topk_idx, topk_weight, params, keep_h=True):
