@@ -214,3 +214,28 @@ def test_full_shapes_gpu(activation, dtype, t, h, i, e, k):
     _, again = step(x, w, params)
     for got, rerun in zip(jax.tree.leaves(grads), jax.tree.leaves(again)):
         assert bool(jnp.array_equal(got, rerun))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "activation,t,h,i,e,k",
+    [
+        ("gptoss", 1, 2880, 2880, 128, 4),
+        ("gptoss", 16, 2880, 2880, 128, 4),
+        ("gptoss", 256, 2880, 2880, 128, 4),
+        ("swiglu", 1, 4096, 2048, 256, 8),
+        ("swiglu", 128, 4096, 2048, 256, 8),
+    ],
+)
+def test_mosaic_gpu_full_shapes_gpu(activation, t, h, i, e, k):
+    """implementation="mosaic_gpu" at full workload shapes, decode (its own tile config) and
+    prefill: interpret mode cannot show a misaligned TMA box (2026-12-01: 16- and 32-column decode
+    tiles crashed the H200 at T = 1)."""
+    rng = np.random.default_rng(1)
+    x, idx, w, params = _problem(rng, activation, t, h, i, e, k, jnp.bfloat16, "hot")
+    layer = lambda x, w, p: moe_experts(
+        x, idx, w, p, activation=activation, implementation="mosaic_gpu"
+    )
+    out = jax.jit(layer)(x, w, params)
+    ref = moe_experts_reference(x, idx, w, params, activation=activation)
+    assert _rel_err(out, ref) < TOL[jnp.bfloat16]

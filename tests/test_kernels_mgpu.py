@@ -145,26 +145,32 @@ def test_gmm_glu_matches_oracle(num_rows, group_sizes, with_epilogue, activation
     assert rel_err(out, ref) < 1e-5  # gate and up are exact in f32; the GLU runs in f32
 
 
-def test_decode_config_narrows_tiles_until_every_sm_has_work():
-    """rows_class "tiny": 64-row tiles and block_n halved until the hit experts' column tiles
-    give 132 SMs 4 pairs each (gpt-oss T = 1: 4 experts x 180 tiles of 16 columns)."""
+def test_decode_config_takes_64_row_tiles_at_least_64_columns_wide():
+    """rows_class "tiny": 64-row tiles, block_n halved towards 4 pairs per SM but not below 64
+    (narrower tiles misaligned on the H200); gpt-oss's GLU gets 6 stages (8 exceed its shared
+    memory, measured on the H200), the rest 8."""
     with jax.sharding.use_abstract_mesh(H200):
         decode = gmm_mgpu.default_config(4, 128, 2880, "gptoss")
         swiglu_down = gmm_mgpu.default_config(8, 256, 4096, None)
         prefill = gmm_mgpu.default_config(8192, 128, 2880, "gptoss")
-    assert (decode.block_m, decode.block_n, decode.num_stages) == (64, 16, 8)
-    assert (swiglu_down.block_m, swiglu_down.block_n) == (64, 32)
+    assert (decode.block_m, decode.block_n, decode.num_stages) == (64, 64, 6)
+    assert (swiglu_down.block_m, swiglu_down.block_n, swiglu_down.num_stages) == (64, 64, 8)
     assert prefill == gmm_mgpu.MosaicConfig(block_n=64)
+
+
+def test_config_narrower_than_64_columns_is_refused():
+    with pytest.raises(ValueError, match="block_n=32 must be at least 64"):
+        gmm_mgpu.MosaicConfig(block_n=32).fit(2880, 2880)
 
 
 @pytest.mark.parametrize("activation", [None, "gptoss"])
 def test_gmm_decode_config_matches_oracle(activation):
     """A call without a config at decode sizes (2 rows per group) runs the decode config."""
     rng = np.random.default_rng(30)
-    lhs, rhs, sizes = _inputs(rng, 6, 64, 128, [2, 0, 3, 1])
-    cfg = gmm_mgpu.default_config(6, 4, 64 if activation else 128, activation)
-    # interpret mode: 2 "SMs", so 8 pairs; 4 experts x 1 column tile -> narrowed once
-    assert (cfg.block_m, cfg.block_n) == (64, 32 if activation else 64)
+    lhs, rhs, sizes = _inputs(rng, 6, 64, 256 if activation else 128, [2, 0, 3, 1])
+    cfg = gmm_mgpu.default_config(6, 4, 128, activation)
+    # interpret mode: 2 "SMs", so 8 pairs; 4 experts x 1 column tile -> narrowed once, to 64
+    assert (cfg.block_m, cfg.block_n) == (64, 64)
     out = gmm_mgpu.gmm(lhs, rhs, sizes, activation=activation, out_dtype=jnp.float32)
     assert rel_err(out, gmm64(lhs, rhs, sizes, activation=activation)) < 1e-5
 

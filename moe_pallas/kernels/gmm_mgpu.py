@@ -31,11 +31,13 @@ so neighbouring visits never overwrite each other. Rows past sum(group_sizes) fo
 G whose visits store zeros.
 
 Configs. A call without one gets `default_config`: 128 x 128 tiles (GLU 128 x 64), and for decode
-(at most 16 rows per group) 64-row tiles with block_n narrowed until every SM has a few pairs
-(not yet timed on the H200).
+(at most 16 rows per group) 64-row tiles, 64 columns wide and deeper rings. Tiles are at least 64
+columns (128 bytes of 16-bit values, the widest swizzle): on the H200, 32- and 16-column tiles
+failed at run time with CUDA_ERROR_MISALIGNED_ADDRESS, in every layer call at decode shapes
+(benchmarks/results/2026-12-01_h200_session7/), while interpret mode ran them.
 
-Limits (ValueError, use the Triton backend instead): bf16/f16 operands of one dtype, N a multiple of
-block_n and K of block_k (both workloads' dimensions are multiples of 64); a GLU only with a
+Limits (ValueError, use the Triton backend instead): bf16/f16 operands of one dtype, block_n >= 64,
+N a multiple of block_n and K of block_k (both workloads' dimensions are multiples of 64); a GLU only with a
 non-transposed rhs and consumers=1, or SwiGLU with split "m".
 """
 
@@ -76,6 +78,9 @@ def fit_block(kernel: str, block: int, dim: int, name: str, unit: int) -> int:
     )
 
 
+MIN_BLOCK_N = 64  # module docstring, Configs
+
+
 @dataclasses.dataclass(frozen=True)
 class MosaicConfig:
     block_m: int = 128  # wgmma M: a multiple of 64 (one warpgroup)
@@ -99,6 +104,11 @@ class MosaicConfig:
         """The largest block_n (block_k) of at most the configured size that divides N (K)."""
         if self.split not in ("n", "m"):
             raise ValueError(f'MosaicConfig.split={self.split!r} must be "n" or "m".')
+        if self.block_n < MIN_BLOCK_N:
+            raise ValueError(
+                f"MosaicConfig.block_n={self.block_n} must be at least {MIN_BLOCK_N} (128 bytes of "
+                "16-bit values): narrower tiles fail with a misaligned address on the H200."
+            )
         # Two consumers split the tile's columns at a 64-column (128-byte swizzle) boundary.
         column_parts = 2 if self.consumers == 2 and self.split == "n" else 1
         unit = 128 if column_parts == 2 else 16
@@ -133,15 +143,18 @@ def default_config(
 ) -> MosaicConfig:
     """The config of a call without one: 128 x 128 tiles (a GLU: 128 x 64 outputs, as its tile
     reads 2·block_n weight columns); for decode (`rows_class` "tiny", at most 16 rows per group)
-    64-row tiles (one wgmma M), block_n narrowed by `config.spread_block_n` until the experts
-    hit have 4 (visit, n-tile) pairs per SM (at T = 1 gpt-oss hits 4 experts: its GLU's 2880
-    output columns in 64-wide tiles would give 132 SMs 180 pairs), and 8 stages, as each holds a
-    few KiB, to keep more bytes in flight."""
+    64-row tiles (one wgmma M), block_n narrowed by `config.spread_block_n` towards 4 (visit,
+    n-tile) pairs per SM but not below MIN_BLOCK_N, and 8 stages, as each holds a few KiB, to keep
+    more bytes in flight (6 for gpt-oss's GLU, whose split gate and up halves take shared memory
+    too: 8 exceed the H200's 227 KiB)."""
     cfg = MosaicConfig(block_n=64 if activation else 128)
     if _config.rows_class(num_rows, num_groups) != "tiny":
         return cfg
-    block_n = _config.spread_block_n(cfg.block_n, n_out, num_rows, num_groups, 16, 4 * num_sms())
-    return dataclasses.replace(cfg, block_m=64, block_n=block_n, num_stages=8)
+    block_n = _config.spread_block_n(
+        cfg.block_n, n_out, num_rows, num_groups, MIN_BLOCK_N, 4 * num_sms()
+    )
+    stages = 6 if activation == "gptoss" else 8
+    return dataclasses.replace(cfg, block_m=64, block_n=block_n, num_stages=stages)
 
 
 def num_sms() -> int:
