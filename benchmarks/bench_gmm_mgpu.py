@@ -19,7 +19,7 @@ to compile (e.g. shared memory) is recorded as an error and the run goes on.
 
     PYTHONPATH=. python3 benchmarks/bench_gmm_mgpu.py --out gmm_mgpu.json
     PYTHONPATH=. python3 benchmarks/bench_gmm_mgpu.py --workloads gptoss --tokens 2048 \\
-        --configs 128,128,64,4,4 128,128,64,3,4,2 64,128,64,4,8 --tgmm-configs 64,128,128,4,4
+        --configs 128,128,64,4,4 128,128,64,3,4,2 64,128,64,4,8 --tgmm-configs 64,64,256,4
 """
 
 import argparse
@@ -46,7 +46,7 @@ DEFAULT_CONFIGS = (
     "64,128,64,5,4,2",
     "128,128,64,3,4,2m",  # two consumers along M: CTA tile 256 x 128 (jax's hopper example)
 )
-DEFAULT_TGMM_CONFIGS = ("64,128,128,4,4", "128,128,128,2,4", "64,64,128,6,8")
+DEFAULT_TGMM_CONFIGS = ("64,64,256,4", "64,64,128,6", "128,64,256,3")
 
 
 def parse_config(text: str) -> gmm_mgpu.MosaicConfig:
@@ -58,7 +58,7 @@ def parse_config(text: str) -> gmm_mgpu.MosaicConfig:
 
 
 def parse_tgmm_config(text: str) -> tgmm_mgpu.TgmmMosaicConfig:
-    """ "block_m,block_k,block_n,num_stages,grid_tile_n" -> TgmmMosaicConfig."""
+    """ "block_m,block_k,block_n,num_stages" -> TgmmMosaicConfig."""
     return tgmm_mgpu.TgmmMosaicConfig(*map(int, text.split(",")))
 
 

@@ -5,21 +5,33 @@ Math. Rows m in [0, M) are split into G contiguous groups by `group_sizes`; for 
 gradient of `gmm_mgpu.gmm`. Empty groups give exact zeros; rows past sum(group_sizes) contribute
 nothing. Same contract as `kernels.tgmm.tgmm` without its row gather.
 
-Schedule. A persistent kernel (one CTA per SM) walks the (group, k-tile, n-tile) triples, n-tiles
-in planar-snake bands. Per triple a TMA pipeline of `num_stages` shared-memory slots streams
-[block_m, block_k] of lhs and [block_m, block_n] of rhs over the group's rows into wgmma (lhs read
-transposed from shared memory) with a [block_k, block_n] float32 accumulator, stored by one TMA box.
-The row blocks are aligned to block_m (as in jax's `transposed_ragged_dot_mgpu` example): the first
-and last block of a group may hold rows of its neighbours, which are zeroed in the lhs slot before
-the wgmma reads it (so rhs values of other groups meet exact zeros). lhs and rhs are padded with
-zero rows to a multiple of block_m when M is not one (a copy), so no TMA box leaves them.
+Schedule. At a few dozen rows per group (training at T = 2048) every output tile is one or two
+row boxes of work, so the kernel is bound by writing [G, K, N] and by latency, not by arithmetic.
+A persistent kernel (one CTA per SM) therefore runs one TMA pipeline over all of its work instead
+of one per tile: CTA c owns the output tiles (k-tile, n-tile) p = c, c + C, c + 2C, ... of every
+group, and walks groups in order, for each group its tiles, for each tile the group's row boxes.
+The ring of `num_stages` shared-memory slots is refilled across tile and group boundaries, and a
+finished tile leaves through an asynchronous TMA store from one of two output buffers while the
+next tile's boxes are multiplied. All CTAs walk the groups at the same pace, so the rows being
+read are one group's, in L2. On the H200 (2026-12-01, benchmarks/results/2026-12-01_h200_session7/)
+this is correct but not yet fast: 1.4-1.8x the Triton kernel's time at T = 2048 (gpt-oss d
+w_gate_up 2.886 against 1.681 ms) and 1.1x at T = 16384, as one warpgroup in turn waits for the
+loads, masks, multiplies and issues the next loads; a producer warpgroup is the next step.
+
+Row boxes. A box is block_m rows starting at a multiple of 8 (Mosaic GPU's tiled shared memory and
+TMA need it): box r of group g starts at its first row rounded down to 8, plus r·block_m. Rows of
+a box outside the group (neighbours' rows, or rows an earlier box of the group covered, when the
+box is moved back to end inside the array) are zeroed in both shared-memory slots before the wgmma
+reads them, so other groups' values, NaN included, never reach this group. An empty group gets one
+box with every row zeroed: its tiles are stored as exact zeros.
 
 Limits (ValueError, use the Triton backend instead): bf16/f16 operands of one dtype, K a multiple
-of 64 (the wgmma M of one warpgroup) and N a multiple of 16.
+of 64 (the wgmma M of one warpgroup) and N of 16.
 """
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,11 +45,10 @@ from moe_pallas.kernels.gmm_mgpu import DTYPES, fit_block, num_sms
 
 @dataclasses.dataclass(frozen=True)
 class TgmmMosaicConfig:
-    block_m: int = 64  # rows (the contraction) per pipeline step: 64 or 128
-    block_k: int = 128  # output rows: wgmma M, a multiple of 64
-    block_n: int = 128
+    block_m: int = 64  # rows (the contraction) per box: 64 or 128
+    block_k: int = 64  # output rows: the wgmma M of one warpgroup, 64
+    block_n: int = 256  # output columns (the accumulator: block_k x block_n float32 registers)
     num_stages: int = 4  # shared-memory slots of the TMA ring, at least 2
-    grid_tile_n: int = 4  # planar-snake band width over n-tiles
 
     def fit(self, k: int, n: int) -> "TgmmMosaicConfig":
         """The largest block_k (block_n) of at most the configured size that divides K (N)."""
@@ -60,78 +71,134 @@ def _transforms(cfg: TgmmMosaicConfig, dtype) -> tuple:
     return plgpu.TilingTransform((8, 8 * swizzle // bits)), plgpu.SwizzleTransform(swizzle)
 
 
+class _Cursor(NamedTuple):
+    """A CTA's position in its work: group g, its j-th tile of the group, row box r."""
+
+    g: jax.Array
+    j: jax.Array
+    r: jax.Array
+
+
 def _kernel(
+    total_boxes_gmem,
     group_start_gmem,
     group_end_gmem,
+    group_boxes_gmem,
     lhs_gmem,
     rhs_gmem,
     out_gmem,
+    lhs_smem,
+    rhs_smem,
+    o_smem,
+    lhs_barriers,
+    rhs_barriers,
     *,
     cfg: TgmmMosaicConfig,
+    num_ctas: int,
 ):
     num_groups, k_dim, n_dim = out_gmem.shape
-    bm, bk, bn = cfg.block_m, cfg.block_k, cfg.block_n
-    k_tiles, n_tiles = k_dim // bk, n_dim // bn
+    bm, bk, bn, stages = cfg.block_m, cfg.block_k, cfg.block_n, cfg.num_stages
+    n_tiles = n_dim // bn
+    num_pairs = (k_dim // bk) * n_tiles
+    last_box_row = lhs_gmem.shape[0] - bm  # a multiple of 8 (the rows are padded to one)
+    cta = jax.lax.axis_index("sm")
+    # Tiles of each group this CTA owns. Integer division and remainder of traced non-negative
+    # values go through lax.div/rem: jnp's floor versions do not lower here in jax 0.11.2.
+    pairs = jax.lax.div(num_pairs - cta + num_ctas - 1, num_ctas)
+    total_steps = pairs * total_boxes_gmem[0]
 
-    @plgpu.nd_loop((num_groups, k_tiles * n_tiles), collective_axes="sm")
-    def _visit(info: plgpu.NDLoopInfo):
-        g = info.index[0]
-        ki, ni = plgpu.planar_snake(info.index[1], (k_tiles, n_tiles), 1, cfg.grid_tile_n)
+    def advance(c: _Cursor) -> _Cursor:
+        r = c.r + 1
+        next_tile = r == group_boxes_gmem[jnp.minimum(c.g, num_groups - 1)]
+        j = jnp.where(next_tile, c.j + 1, c.j)
+        next_group = j == pairs
+        return _Cursor(
+            jnp.where(next_group, c.g + 1, c.g),
+            jnp.where(next_group, 0, j),
+            jnp.where(next_tile, 0, r),
+        )
+
+    def tile(c: _Cursor):
+        p = cta + c.j * num_ctas
+        return jax.lax.div(p, n_tiles), jax.lax.rem(p, n_tiles)
+
+    def box(c: _Cursor):
+        """(first row of the box, [lo, hi): the rows of it that this step adds)."""
+        g = jnp.minimum(c.g, num_groups - 1)
         start, end = group_start_gmem[g], group_end_gmem[g]
-        first_block = start // bm
-        num_blocks = (end + bm - 1) // bm - first_block
+        nominal = jax.lax.div(start, 8) * 8 + c.r * bm
+        a0 = pl.multiple_of(jnp.minimum(nominal, last_box_row), 8)
+        return a0, jnp.maximum(start, nominal), jnp.minimum(end, nominal + bm)
 
-        def step(idx, lhs_smem, rhs_smem, acc_ref):
-            r = idx[0]
+    def issue(c: _Cursor, slot):
+        ki, ni = tile(c)
+        a0, _, _ = box(c)
+        rows = pl.ds(a0, bm)
+        plgpu.copy_gmem_to_smem(
+            lhs_gmem.at[rows, pl.ds(ki * bk, bk)], lhs_smem.at[slot], lhs_barriers.at[slot]
+        )
+        plgpu.copy_gmem_to_smem(
+            rhs_gmem.at[rows, pl.ds(ni * bn, bn)], rhs_smem.at[slot], rhs_barriers.at[slot]
+        )
 
-            # Rows of the neighbouring groups share the first and last block: zero them.
-            @pl.when((r == 0) | (r == num_blocks - 1))
-            def _mask():
-                rows = (first_block + r) * bm + plgpu.layout_cast(
-                    jax.lax.broadcasted_iota(jnp.int32, (bm, bk), 0), plgpu.Layout.WGMMA
-                )
-                keep = ((rows >= start) & (rows < end)).astype(lhs_smem.dtype)
-                lhs_smem[...] = lhs_smem[...] * keep
-                plgpu.commit_smem()
+    def zero_outside(ref, a0, lo, hi):
+        rows = a0 + plgpu.layout_cast(
+            jax.lax.broadcasted_iota(jnp.int32, ref.shape, 0), plgpu.Layout.WGMMA
+        )
+        ref[...] = jnp.where((rows >= lo) & (rows < hi), ref[...], jnp.zeros_like(ref[...]))
 
-            plgpu.wgmma(acc_ref, lhs_smem.T, rhs_smem)
-            # This step's wgmma stays in flight; the previous step's has read its slots before
-            # the pipeline refills them (delay_release=1).
-            plgpu.wgmma_wait(1)
+    producer = _Cursor(*(jnp.int32(0),) * 3)  # the box the ring loads next
+    for i in range(stages - 1):  # the ring's first stages - 1 boxes
 
-        def product(acc_ref):
-            @pl.when(end > start)
-            def _():
-                plgpu.emit_pipeline(
-                    lambda idx, a, b: step(idx, a, b, acc_ref),
-                    grid=(num_blocks,),
-                    in_specs=[
-                        plgpu.BlockSpec(
-                            (bm, bk),
-                            lambda r: (first_block + r, ki),
-                            delay_release=1,
-                            transforms=_transforms(cfg, lhs_gmem.dtype),
-                        ),
-                        plgpu.BlockSpec(
-                            (bm, bn),
-                            lambda r: (first_block + r, ni),
-                            delay_release=1,
-                            transforms=_transforms(cfg, rhs_gmem.dtype),
-                        ),
-                    ],
-                    max_concurrent_steps=cfg.num_stages,
-                )(lhs_gmem, rhs_gmem)
+        @pl.when(i < total_steps)
+        def _(producer=producer, i=i):
+            issue(producer, i)
 
-            return acc_ref[...]  # zeros for an empty group
+        producer = advance(producer)
 
-        acc = pl.run_scoped(product, plgpu.ACC((bk, bn)))
+    def tile_loop(t, carry):
+        g, j = jax.lax.div(t, pairs), jax.lax.rem(t, pairs)
 
-        @functools.partial(pl.run_scoped, o_smem=plgpu.SMEM((bk, bn), out_gmem.dtype))
-        def _store(o_smem):
-            o_smem[...] = acc.astype(o_smem.dtype)
-            plgpu.commit_smem()
-            plgpu.copy_smem_to_gmem(o_smem, out_gmem.at[g, pl.ds(ki * bk, bk), pl.ds(ni * bn, bn)])
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        def with_acc(acc_ref):
+            def box_loop(r, carry):
+                s, producer = carry
+                slot = jax.lax.rem(s, stages)
+                plgpu.barrier_wait(lhs_barriers.at[slot])
+                plgpu.barrier_wait(rhs_barriers.at[slot])
+                a0, lo, hi = box(_Cursor(g, j, r))
+
+                @pl.when((lo > a0) | (hi < a0 + bm))
+                def _mask():
+                    zero_outside(lhs_smem.at[slot], a0, lo, hi)
+                    zero_outside(rhs_smem.at[slot], a0, lo, hi)
+                    plgpu.commit_smem()
+
+                plgpu.wgmma(acc_ref, lhs_smem.at[slot].T, rhs_smem.at[slot])
+                # The previous box's wgmma is done: its slot takes the box stages - 1 ahead.
+                plgpu.wgmma_wait(1)
+
+                @pl.when(s + stages - 1 < total_steps)
+                def _refill():
+                    issue(producer, jax.lax.rem(s + stages - 1, stages))
+
+                return s + 1, advance(producer)
+
+            done = jax.lax.fori_loop(0, group_boxes_gmem[g], box_loop, carry)
+            return done, acc_ref[...]  # waits for the last wgmma
+
+        carry, acc = pl.run_scoped(with_acc, plgpu.ACC((bk, bn)))
+        ki, ni = tile(_Cursor(g, j, 0))
+        buf = jax.lax.rem(t, 2)
+        plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # buf's last store has read it
+        o_smem[buf] = acc.astype(o_smem.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(
+            o_smem.at[buf], out_gmem.at[g, pl.ds(ki * bk, bk), pl.ds(ni * bn, bn)]
+        )
+        return carry
+
+    jax.lax.fori_loop(0, pairs * num_groups, tile_loop, (jnp.int32(0), producer))
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
 def tgmm(
@@ -169,16 +236,29 @@ def tgmm(
     cfg = (config or TgmmMosaicConfig()).fit(k_dim, n_dim)
     group_end = jnp.cumsum(clamp_group_sizes(group_sizes, num_rows).astype(jnp.int32))
     group_start = jnp.concatenate([jnp.zeros((1,), jnp.int32), group_end[:-1]])
-    padded_rows = -(-num_rows // cfg.block_m) * cfg.block_m
+    group_boxes = jnp.where(
+        group_end > group_start, -(-(group_end - (group_start // 8) * 8) // cfg.block_m), 1
+    ).astype(jnp.int32)
+    padded_rows = max(cfg.block_m, -(-num_rows // 8) * 8)  # boxes start at multiples of 8
     if padded_rows > num_rows:
         pad = ((0, padded_rows - num_rows), (0, 0))
         lhs, rhs = jnp.pad(lhs, pad), jnp.pad(rhs, pad)
+    num_ctas = num_sms()
+    transforms = _transforms(cfg, lhs.dtype)
+    bm, bk, bn, stages = cfg.block_m, cfg.block_k, cfg.block_n, cfg.num_stages
     return plgpu.kernel(
-        functools.partial(_kernel, cfg=cfg),
+        functools.partial(_kernel, cfg=cfg, num_ctas=num_ctas),
         out_type=jax.ShapeDtypeStruct((num_groups, k_dim, n_dim), out_dtype),
-        grid=(num_sms(),),
+        grid=(num_ctas,),
         grid_names=("sm",),
+        scratch_types=[
+            plgpu.SMEM((stages, bm, bk), lhs.dtype, transforms=transforms),
+            plgpu.SMEM((stages, bm, bn), rhs.dtype, transforms=transforms),
+            plgpu.SMEM((2, bk, bn), out_dtype),
+            plgpu.Barrier(num_arrivals=1, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=1, num_barriers=stages),
+        ],
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=plgpu.InterpretGPUParams() if _backend.interpret_mode() else None,
         kernel_name="tgmm_mgpu",
-    )(group_start, group_end, lhs, rhs)
+    )(jnp.sum(group_boxes, keepdims=True), group_start, group_end, group_boxes, lhs, rhs)
