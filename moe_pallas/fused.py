@@ -25,8 +25,8 @@ Backward (e the row's expert):
     g[m]         = gmm(dout, w_downᵀ, lhs_row_index=row_token)    [M, I] float32 (a temporary)
     dh, a, dw[m] = glu'(h)·(w·g), glu(h), ⟨g, a⟩     one pass over g and h (kernels/glu_bwd.py)
     dy[m]        = row_weight[m] · dout[row_token[m]]                      [M, H]
-    d_w_down     = tgmm(a, dy)                      d_b_down[e]    = Σ_{m in e} dy[m]
-    d_w_gate_up  = tgmm(x[row_token], dh)           d_b_gate_up[e] = Σ_{m in e} dh[m]
+    d_w_down     = tgmm(a, dy)                      d_b_down[e]    = Σ_{m in e} dy[m]  (same kernel)
+    d_w_gate_up  = tgmm(x[row_token], dh)           d_b_gate_up[e] = Σ_{m in e} dh[m]  (same kernel)
     dx           = combine(gmm(dh, w_gate_upᵀ), pair_row)
     d_topk_weight[t, j] = dw[m] + ⟨dout[t], b_down[e]⟩,  m = pair_row[t, j]
 g is not fused with the GLU derivative: a Triton kernel doing both (gmm_t's loop, the derivative in
@@ -36,8 +36,9 @@ extra traffic (g written and read once in float32) is small next to the weights.
 1.691 (1.591) vs 1.362 (benchmarks/results/2026-11-30_h200_session4/). The elementwise pass is a
 Triton kernel reading h and g once: XLA's fusions of it took three kernels, 0.23 ms at gpt-oss
 T = 2048 (2026-12-01 trace), for ~330 MB of traffic (~0.07 ms at 4.8 TB/s).
-Per-expert bias sums are tgmm calls against a ones column: no scatter atomics anywhere, so forward
-and backward are bitwise reproducible run to run.
+Per-expert bias sums come out of the weight gradients' tgmm calls (a ones column in lhs, see
+`kernels.tgmm`): no scatter atomics anywhere, so forward and backward are bitwise reproducible run
+to run.
 
 Backends: "pallas_triton" runs every kernel above in Triton. "mosaic_gpu" runs the matmuls (both
 gmm, both tgmm, dx's gmm) on the Mosaic GPU kernels where wgmma takes the operands (one 16-bit
@@ -62,7 +63,6 @@ from moe_pallas import dispatch as _dispatch
 from moe_pallas.activations import glu, split_gate_up
 from moe_pallas.kernels.combine import combine
 from moe_pallas.kernels.glu_bwd import glu_backward
-from moe_pallas.kernels.tgmm import tgmm
 from moe_pallas.ops import gmm_on_backend, tgmm_on_backend
 
 
@@ -79,19 +79,6 @@ def _precision(dtype):
     """HIGHEST keeps float32 operands off TF32; for bf16 (exact products) it would make XLA upcast
     the operands to float32 copies."""
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype).itemsize >= 4 else None
-
-
-def _group_sum(rows, group_sizes):
-    """`[E, N]` float32 per-expert sums of the expert-sorted `rows [M, N]`.
-
-    A tgmm against a ones column (lhs row 0 gathered for every row; 16 wide, Triton's smallest
-    dot): each expert's rows are summed inside its own programs, in row order. Deterministic, no
-    [M, E] one-hot, and a NaN row only reaches its own expert's sum. Like every Pallas dot,
-    float32 rows go through TF32 on GPU.
-    """
-    ones = jnp.ones((1, 16), rows.dtype)
-    every_row = jnp.zeros((rows.shape[0],), jnp.int32)
-    return tgmm(ones, rows, group_sizes, lhs_row_index=every_row, out_dtype=jnp.float32)[:, 0]
 
 
 def dlhs(activation, backend, dout, w_down, h, d, row_weight):
@@ -149,21 +136,26 @@ def _fused_bwd(activation, backend, residuals, dout):
     dout = dout.astype(x.dtype)
     dh, a, dw_rows = dlhs(activation, backend, dout, params["w_down"], h, d, row_weight)
     dy = (dout[d.row_token].astype(jnp.float32) * row_weight[:, None]).astype(x.dtype)
-    grads = {
-        "w_down": tgmm_on_backend(backend, a, dy, d.group_sizes, out_dtype=params["w_down"].dtype),
-        "w_gate_up": tgmm_on_backend(
+    grads = {}
+    # Bias gradients: the per-expert sums of dy and dh, from the tgmm calls that read them.
+    for name, lhs, rhs, row_index in (
+        ("down", a, dy, None),
+        ("gate_up", x, dh, d.row_token),
+    ):
+        out = tgmm_on_backend(
             backend,
-            x,
-            dh,
+            lhs,
+            rhs,
             d.group_sizes,
-            lhs_row_index=d.row_token,
-            out_dtype=params["w_gate_up"].dtype,
-        ),
-    }
-    if "b_gate_up" in params:
-        grads["b_gate_up"] = _group_sum(dh, d.group_sizes).astype(params["b_gate_up"].dtype)
+            lhs_row_index=row_index,
+            out_dtype=params[f"w_{name}"].dtype,
+            rhs_sums=f"b_{name}" in params,
+        )
+        if f"b_{name}" in params:
+            out, sums = out
+            grads[f"b_{name}"] = sums.astype(params[f"b_{name}"].dtype)
+        grads[f"w_{name}"] = out
     if "b_down" in params:
-        grads["b_down"] = _group_sum(dy, d.group_sizes).astype(params["b_down"].dtype)
         # <dout[t], b_down[e]> for every (token, expert), then picked per row.
         bias_dot = jnp.einsum(
             "th,eh->te",

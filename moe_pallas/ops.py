@@ -112,12 +112,22 @@ def gmm_on_backend(backend, lhs, rhs, group_sizes, *, lhs_row_index=None, **kwar
     return _gmm(lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, **kwargs)
 
 
-def tgmm_on_backend(backend, lhs, rhs, group_sizes, *, lhs_row_index=None, out_dtype=None):
-    """`kernels.tgmm` on Mosaic GPU or Triton, chosen as in `gmm_on_backend`."""
+def tgmm_on_backend(
+    backend, lhs, rhs, group_sizes, *, lhs_row_index=None, out_dtype=None, rhs_sums=False
+):
+    """`kernels.tgmm` on Mosaic GPU or Triton, chosen as in `gmm_on_backend`; with rhs_sums also
+    the [G, N] float32 per-group sums of rhs (Triton: in the same kernel; Mosaic GPU: a Triton
+    tgmm of a ones column against rhs)."""
     if _mosaic(backend, lhs, rhs):
         lhs = lhs if lhs_row_index is None else lhs[lhs_row_index]
-        return _tgmm_mgpu.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
-    return _tgmm(lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, out_dtype=out_dtype)
+        out = _tgmm_mgpu.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+        if not rhs_sums:
+            return out
+        ones, every_row = jnp.ones((1, 16), rhs.dtype), jnp.zeros((rhs.shape[0],), jnp.int32)
+        return out, _tgmm(ones, rhs, group_sizes, lhs_row_index=every_row, rhs_sums=True)[1]
+    return _tgmm(
+        lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, out_dtype=out_dtype, rhs_sums=rhs_sums
+    )
 
 
 def _gmm_any(backend, lhs, rhs, group_sizes, out_dtype, transpose_rhs=False):

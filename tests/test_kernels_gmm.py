@@ -337,6 +337,38 @@ def test_tgmm_tiles_per_program(tiles_per_program):
     assert not np.asarray(out[sizes == 0]).any(), "empty groups must give exact zeros"
 
 
+@pytest.mark.parametrize(
+    "k, gather, dtype",
+    [
+        (40, False, jnp.float32),  # K tail: the ones column in the last k-tile's padding
+        (32, True, jnp.float32),  # block_k divides K: one more k-tile, gathered lhs
+        (48, False, jnp.bfloat16),
+    ],
+)
+def test_tgmm_rhs_sums(k, gather, dtype):
+    """rhs_sums: the per-group sums of rhs (the bias gradient) from the same kernel; the product
+    unchanged; empty groups and rows past the groups give zeros; a NaN row stays in its group."""
+    rng = np.random.default_rng(k)
+    m, n, g = 45, 40, 6
+    lhs = jnp.asarray(rng.standard_normal((m, k)), dtype)
+    rhs_np = rng.standard_normal((m, n))
+    sizes = random_group_sizes(rng, g, m - 3)
+    sizes[[1, 4]] += sizes[[0, 3]]
+    sizes[[0, 3]] = 0
+    rhs_np[m - 1, 5] = np.nan  # past every group: must not reach any sum
+    rhs = jnp.asarray(rhs_np, dtype)
+    index = jnp.asarray(rng.integers(0, m, m), jnp.int32) if gather else None
+    cfg = dataclasses.replace(CFG, block_k=16 if k == 40 else 32)
+    out, sums = tgmm(lhs, rhs, jnp.asarray(sizes), lhs_row_index=index, config=cfg, rhs_sums=True)
+    assert sums.shape == (g, n) and sums.dtype == jnp.float32
+    assert rel_err(out, tgmm64(lhs, rhs, sizes, lhs_row_index=index)) < _tol(dtype)
+    ends = np.cumsum(sizes)
+    rows = np.asarray(rhs, np.float64)
+    want = np.stack([rows[e - s : e].sum(0) for s, e in zip(sizes, ends)])
+    assert rel_err(sums, want) < _tol(dtype)
+    assert not np.asarray(sums[sizes == 0]).any()
+
+
 def test_tgmm_gather():
     rng = np.random.default_rng(5)
     m, m_src, k, n, g = 50, 12, 40, 24, 5

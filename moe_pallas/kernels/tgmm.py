@@ -3,7 +3,11 @@
 Math. Rows m in [0, M) are split into contiguous groups by `group_sizes`; for each group g,
 `out[g] = Σ_{m in g} lhs[src(m)]ᵀ ⊗ rhs[m]` (`[K, N]`, float32 accumulation), where
 src(m) = lhs_row_index[m] if given (gathered in the kernel) else m. This is the weight gradient of
-`gmm`. Empty groups give exact zeros; rows past sum(group_sizes) contribute nothing.
+`gmm`. Empty groups give exact zeros; rows past sum(group_sizes) contribute nothing. With
+rhs_sums, also `sums[g] = Σ_{m in g} rhs[m]` (`[N]`, float32; a bias gradient): lhs gets a column
+of ones at index K, so the sums are row K of the product, computed by the same dots (in the K
+tail of the last k-tile, which is masked anyway when block_k does not divide K, else one more
+k-tile), and the programs of that k-tile store that row; no second pass over rhs.
 
 Tiling. A 3-D grid (n-chunk, k-tile, group), n fastest so that the programs of one group run
 together and share its rows from L2. Each program owns `group_m` consecutive [block_k, block_n]
@@ -27,12 +31,19 @@ from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_sizes
 
 
 def _tgmm_kernel(
-    *refs, k_dim: int, n_dim: int, cfg: _config.BlockConfig, gather: bool, compute_dtype
+    *refs,
+    k_dim: int,
+    n_dim: int,
+    cfg: _config.BlockConfig,
+    gather: bool,
+    rhs_sums: bool,
+    compute_dtype,
 ):
-    if gather:
-        group_offsets_ref, row_index_ref, lhs_ref, rhs_ref, out_ref = refs
-    else:
-        group_offsets_ref, lhs_ref, rhs_ref, out_ref = refs
+    it = iter(refs)
+    group_offsets_ref = next(it)
+    row_index_ref = next(it) if gather else None
+    lhs_ref, rhs_ref, out_ref = next(it), next(it), next(it)
+    sums_ref = next(it) if rhs_sums else None
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     n_tiles = pl.cdiv(n_dim, bn)
     first_tile = pl.program_id(0) * cfg.group_m
@@ -42,16 +53,28 @@ def _tgmm_kernel(
     start, end = group_offsets_ref[g], group_offsets_ref[g + 1]
     steps = pl.cdiv(end - start, bm)
     ks = k0 + jnp.arange(bk, dtype=jnp.int32)
-    k_mask = (ks < k_dim)[None, :] if k_dim % bk else None
+    k_tail = bool(k_dim % bk) or rhs_sums  # rhs_sums: the ones column lies past K
+    k_mask = (ks < k_dim)[None, :] if k_tail else None
+    sums_tile = pl.program_id(1) == k_dim // bk  # the k-tile holding the ones column
 
     def store(tile, acc):
         ns = tile * bn + jnp.arange(bn, dtype=jnp.int32)
         mask = None
-        if k_dim % bk or n_dim % bn:
+        if k_tail or n_dim % bn:
             mask = (ks < k_dim)[:, None] & (ns < n_dim)[None, :]
         plgpu.store(
             out_ref.at[g, pl.ds(k0, bk), pl.ds(tile * bn, bn)], acc.astype(out_ref.dtype), mask=mask
         )
+        if rhs_sums:
+
+            @pl.when(sums_tile)
+            def _sums():
+                row = jnp.sum(jnp.where((ks == k_dim)[:, None], acc, 0.0), axis=0)
+                plgpu.store(
+                    sums_ref.at[g, pl.ds(tile * bn, bn)],
+                    row,
+                    mask=None if n_dim % bn == 0 else ns < n_dim,
+                )
 
     @pl.when(steps == 0)
     def _empty_group():
@@ -74,6 +97,8 @@ def _tgmm_kernel(
             a = plgpu.load(lhs_ref.at[src[:, None], ks[None, :]], mask=a_mask, other=0)
         else:
             a = plgpu.load(lhs_ref.at[pl.ds(r0, bm), pl.ds(k0, bk)], mask=a_mask, other=0)
+        if rhs_sums:
+            a = jnp.where((ks == k_dim)[None, :], jnp.ones_like(a), a)
         ns = n0 + jnp.arange(bn, dtype=jnp.int32)
         b_mask = row_ok if n_dim % bn == 0 else row_ok & (ns < n_dim)[None, :]
         b = plgpu.load(rhs_ref.at[pl.ds(r0, bm), pl.ds(n0, bn)], mask=b_mask, other=0)
@@ -99,8 +124,10 @@ def tgmm(
     num_groups: int | None = None,
     out_dtype=None,
     config: _config.BlockConfig | None = None,
-) -> jax.Array:
-    """`[G, K, N]` per-group products `lhs[rows of g]ᵀ @ rhs[rows of g]` (module docstring).
+    rhs_sums: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """`[G, K, N]` per-group products `lhs[rows of g]ᵀ @ rhs[rows of g]` (module docstring), and
+    with rhs_sums also the `[G, N]` float32 per-group sums of rhs's rows (returns a pair).
 
     lhs `[M_src, K]` (row m read as lhs[lhs_row_index[m]] when lhs_row_index `[M]` is given, else
     M_src = M); rhs `[M, N]`; group_sizes `[≥G]` int32 (the first num_groups are used, default all).
@@ -119,9 +146,10 @@ def tgmm(
     out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
     check_int32_sizes("tgmm", lhs=lhs.shape, rhs=rhs.shape, out=(num_groups, k_dim, n_dim))
     if num_groups == 0 or k_dim == 0 or n_dim == 0 or num_rows == 0:
-        return jnp.zeros((num_groups, k_dim, n_dim), out_dtype)
+        out = jnp.zeros((num_groups, k_dim, n_dim), out_dtype)
+        return (out, jnp.zeros((num_groups, n_dim), jnp.float32)) if rhs_sums else out
     cfg = (config or _config.pick("tgmm", num_rows, num_groups, k_dim, n_dim)).fit(
-        num_rows, k_dim, n_dim
+        num_rows, k_dim + rhs_sums, n_dim
     )
     sizes = clamp_group_sizes(group_sizes[:num_groups], num_rows)
     group_offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(sizes)])
@@ -134,14 +162,18 @@ def tgmm(
         n_dim=n_dim,
         cfg=cfg,
         gather=gather,
+        rhs_sums=rhs_sums,
         compute_dtype=jnp.promote_types(lhs.dtype, rhs.dtype),
     )
+    out_shape = jax.ShapeDtypeStruct((num_groups, k_dim, n_dim), out_dtype)
+    if rhs_sums:
+        out_shape = (out_shape, jax.ShapeDtypeStruct((num_groups, n_dim), jnp.float32))
     return pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((num_groups, k_dim, n_dim), out_dtype),
+        out_shape=out_shape,
         grid=(
             pl.cdiv(pl.cdiv(n_dim, cfg.block_n), cfg.group_m),
-            pl.cdiv(k_dim, cfg.block_k),
+            pl.cdiv(k_dim + rhs_sums, cfg.block_k),
             num_groups,
         ),
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
