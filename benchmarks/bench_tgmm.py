@@ -20,6 +20,7 @@ is optimised away), seconds per call; TB/s of the output's bytes.
 """
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -37,11 +38,11 @@ from moe_pallas.kernels.tgmm import tgmm
 DEFAULT_CASES = ("gptoss:gate_up:2048", "gptoss:down:2048", "swiglu256:down:2048")
 
 
-def time_calls(fn, *args, reps=20):
-    """Median seconds per call of the jitted fn over 5 runs of reps back-to-back calls."""
+def time_calls(fn, *args, reps=20, runs=5):
+    """Median seconds per call of the jitted fn over `runs` runs of reps back-to-back calls."""
     jax.block_until_ready(fn(*args))
     times = []
-    for _ in range(5):
+    for _ in range(runs):
         t0 = time.perf_counter()
         for _ in range(reps):
             out = fn(*args)
@@ -59,6 +60,7 @@ def parse_config(text):
 def run_case(spec, configs, mosaic_configs=(), small=False):
     name, weight, tokens = spec.split(":")
     w = (SMALL_WORKLOADS if small else WORKLOADS)[name]
+    timed = functools.partial(time_calls, reps=1, runs=1) if small else time_calls
     tokens = int(tokens)
     keys = iter(jax.random.split(jax.random.key(tokens), 4))
     idx = jax.random.randint(next(keys), (tokens, w.top_k), 0, w.experts, jnp.int32)
@@ -103,7 +105,7 @@ def run_case(spec, configs, mosaic_configs=(), small=False):
             elif not bool(jnp.array_equal(out, reference)):
                 result.setdefault("mismatch", []).append(label)
             del out
-            record(label, time_calls(fn, lhs, rhs, d.group_sizes, row_index))
+            record(label, timed(fn, lhs, rhs, d.group_sizes, row_index))
         except Exception as err:  # noqa: BLE001 - e.g. shared memory exceeded: record, go on
             result[label] = {"error": str(err)[:200]}
             print(f"{spec:22} {label:34} failed: {str(err)[:100]}", flush=True)
@@ -122,14 +124,14 @@ def run_case(spec, configs, mosaic_configs=(), small=False):
                 jnp.linalg.norm(out - want) / jnp.linalg.norm(want)
             )
             del out, want
-            record(label, time_calls(fn, lhs, rhs, d.group_sizes, row_index))
+            record(label, timed(fn, lhs, rhs, d.group_sizes, row_index))
         except Exception as err:  # noqa: BLE001 - e.g. shared memory exceeded: record, go on
             result[label] = {"error": str(err)[:200]}
             print(f"{spec:22} {label:34} failed: {str(err)[:100]}", flush=True)
     del reference
 
     c = jnp.ones((), jnp.bfloat16)
-    record("fill", time_calls(jax.jit(lambda c: jnp.full((w.experts, k_dim, n_dim), c)), c))
+    record("fill", timed(jax.jit(lambda c: jnp.full((w.experts, k_dim, n_dim), c)), c))
 
     sizes = np.asarray(d.group_sizes)
     cap = int(-(-sizes.max() // 16) * 16)
@@ -140,7 +142,7 @@ def run_case(spec, configs, mosaic_configs=(), small=False):
     rhs_pad = jnp.zeros((w.experts, cap, n_dim), rhs.dtype).at[expert, slot].set(rhs)
     result["cublas_capacity"] = cap
     einsum = jax.jit(lambda a, b: jnp.einsum("eck,ecn->ekn", a, b))
-    record(f"cublas (groups padded to {cap})", time_calls(einsum, lhs_pad, rhs_pad))
+    record(f"cublas (groups padded to {cap})", timed(einsum, lhs_pad, rhs_pad))
     return result
 
 

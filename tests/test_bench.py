@@ -299,3 +299,32 @@ def test_merge_fuzz_sums_the_processes_of_a_test(tmp_path):
         "failure": {"drawn": "s", "error": "E"},
     }
     assert (merged["processes"], merged["examples_checked"], merged["failures"]) == (3, 18, 1)
+
+
+def test_tgmm_benchmark_on_cpu(tmp_path):
+    """bench_tgmm.py --small: Triton configs, a Mosaic GPU config (interpret mode), the fill and
+    padded-cuBLAS references, one JSON row per case; the Mosaic output is checked against
+    Triton's."""
+    from benchmarks import bench_tgmm
+
+    out = tmp_path / "tgmm.json"
+    bench_tgmm.main(
+        [
+            "--small",
+            "--cases",
+            "gptoss:gate_up:64",
+            "gptoss:down:64",
+            "--configs",
+            "16,16,16,2,4,2",
+            "--mosaic-configs",
+            "64,64,32,2",
+            "--out",
+            str(out),
+        ]
+    )
+    results = json.loads(out.read_text())["results"]
+    assert [r["case"] for r in results] == ["gptoss:gate_up:64", "gptoss:down:64"]
+    for r in results:
+        assert r["tgmm 16,16,16,2,4,2"]["ms"] > 0 and r["fill"]["ms"] > 0
+        assert r["mosaic 64,64,32,2"]["ms"] > 0 and r["mosaic_rel_err"]["64,64,32,2"] < 1e-5
+        assert "mismatch" not in r

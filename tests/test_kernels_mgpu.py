@@ -339,6 +339,23 @@ def test_tgmm_matches_oracle(num_rows, group_sizes):
         assert not np.asarray(out[g]).any()  # exact zeros, not a small residue
 
 
+def test_tgmm_keeps_nan_rows_in_their_group():
+    """Row boxes start at multiples of 8 and cover neighbours' rows: those are zeroed in both
+    operands, so a NaN in one group's rows (or past every group) reaches no other group."""
+    rng = np.random.default_rng(13)
+    sizes = [13, 20, 0, 30]
+    lhs_np, rhs_np = rng.standard_normal((70, 128)), rng.standard_normal((70, 64))
+    rhs_np[15, 3] = np.nan  # group 1 (rows 13-32)
+    lhs_np[68, 0] = np.nan  # past every group (63 rows)
+    lhs, rhs = jnp.asarray(lhs_np, BF16), jnp.asarray(rhs_np, BF16)
+    out = np.asarray(tgmm_mgpu.tgmm(lhs, rhs, jnp.asarray(sizes, jnp.int32), config=TGMM_SMALL))
+    assert np.isnan(out[1]).any()
+    assert np.isfinite(out[[0, 2, 3]]).all()
+    clean = np.where(np.isnan(rhs_np), 0, rhs_np)
+    ref = tgmm64(lhs, jnp.asarray(clean, BF16), sizes)
+    assert rel_err(out[[0, 3]], ref[[0, 3]]) < 1e-2
+
+
 def test_tgmm_clamps_invalid_group_sizes_and_validates():
     rng = np.random.default_rng(11)
     lhs = jnp.asarray(rng.standard_normal((64, 64)), BF16)
