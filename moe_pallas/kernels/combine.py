@@ -21,10 +21,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from moe_pallas import _backend
-
-
-def _pow2_at_most(block: int, dim: int) -> int:
-    return min(block, max(16, 1 << max(dim - 1, 0).bit_length()))
+from moe_pallas.kernels import config as _config
 
 
 def _combine_kernel(pair_row_ref, rows_ref, out_ref, *, num_tokens, hidden, top_k, bt, bh):
@@ -71,9 +68,8 @@ def combine(
     out_dtype = jnp.dtype(out_dtype or rows.dtype)
     if num_tokens == 0 or hidden == 0 or top_k == 0 or rows.shape[0] == 0:
         return jnp.zeros((num_tokens, hidden), out_dtype)
-    bt, bh = _pow2_at_most(block_t, num_tokens), _pow2_at_most(block_h, hidden)
-    while hidden % bh and bh > 64:  # prefer a column block that divides H (2880 = 45 * 64)
-        bh //= 2
+    bt = _config.pow2_block(block_t, num_tokens)
+    bh = _config.dividing_block(_config.pow2_block(block_h, hidden), hidden, 64)
     kernel = functools.partial(
         _combine_kernel, num_tokens=num_tokens, hidden=hidden, top_k=top_k, bt=bt, bh=bh
     )

@@ -39,17 +39,28 @@ class BlockConfig:
     def fit(self, m: int, k: int, n: int) -> "BlockConfig":
         """Shrink blocks to the problem (power of 2, at least 16: the Triton dot's minimum)."""
 
-        def clamp(block: int, dim: int) -> int:
-            return min(block, max(16, 1 << max(dim - 1, 0).bit_length()))
-
-        block_m = clamp(self.block_m, m)
+        block_m = pow2_block(self.block_m, m)
         return dataclasses.replace(
             self,
             block_m=block_m,
-            block_n=clamp(self.block_n, n),
-            block_k=clamp(self.block_k, k),
+            block_n=pow2_block(self.block_n, n),
+            block_k=pow2_block(self.block_k, k),
             min_block_m=None if self.min_block_m is None else min(self.min_block_m, block_m),
         )
+
+
+def pow2_block(block: int, dim: int) -> int:
+    """block, shrunk to the smallest power of 2 covering dim, but at least 16 (the Triton dot's
+    minimum)."""
+    return min(block, max(16, 1 << max(dim - 1, 0).bit_length()))
+
+
+def dividing_block(block: int, dim: int, floor: int) -> int:
+    """The power-of-2 block halved while it does not divide dim, down to floor: a block that
+    divides the dimension needs no masked tail (2880 = 45 * 64)."""
+    while dim % block and block > floor:
+        block //= 2
+    return block
 
 
 # BEGIN TABLE (autotune_gmm.py)

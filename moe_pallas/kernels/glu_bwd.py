@@ -25,6 +25,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from moe_pallas import _backend
 from moe_pallas.activations import glu, glu_bwd
+from moe_pallas.kernels import config as _config
 
 
 def _glu_bwd_kernel(
@@ -104,10 +105,8 @@ def glu_backward(
     )
     if num_rows == 0 or inter == 0:
         return tuple(jnp.zeros(s.shape, s.dtype) for s in out_shapes)
-    bm = min(block_m, max(16, 1 << (num_rows - 1).bit_length()))
-    bi = min(block_i, max(16, 1 << (inter - 1).bit_length()))
-    while inter % bi and bi > 16:  # prefer a column block that divides I (2880 = 45 * 64)
-        bi //= 2
+    bm = _config.pow2_block(block_m, num_rows)
+    bi = _config.dividing_block(_config.pow2_block(block_i, inter), inter, 16)
     kernel = functools.partial(
         _glu_bwd_kernel, num_rows=num_rows, inter=inter, activation=activation, bm=bm, bi=bi
     )
