@@ -13,6 +13,8 @@
 #   demo    python -m moe_pallas demo at seed shapes
 #   gmm     gmm/tgmm kernels at both workloads' shapes                     -> $OUT/gmm.json
 #   mgpu    Mosaic GPU gmm next to Triton (MGPU_ARGS: bench_gmm_mgpu options)  -> $OUT/gmm_mgpu.json
+#   tgmm    the weight gradients against cuBLAS and fill references (TGMM_ARGS: bench_tgmm options,
+#           e.g. "--mosaic-configs 64,64,128,3,2")                             -> $OUT/tgmm.json
 #   autotune  the gmm/tgmm block table for AUTOTUNE_CLASSES (default small; AUTOTUNE_ARGS e.g.
 #           "--kernels gmm --around-table")                                    -> $OUT/config.py;
 #           AUTOTUNE_APPLY=1 copies it into moe_pallas/kernels/config.py for the later steps
@@ -77,6 +79,7 @@ run_step() {
     demo)   step "${DEMO_S:-45}" python3 -m moe_pallas demo ;;
     gmm)    step "${GMM_S:-150}" python3 benchmarks/bench_gmm.py --out "$OUT/gmm.json" --no-ragged-dot ;;
     mgpu)   step "${MGPU_S:-300}" python3 benchmarks/bench_gmm_mgpu.py --out "$OUT/gmm_mgpu.json" ${MGPU_ARGS:-} ;;
+    tgmm)   step "${TGMM_S:-200}" python3 benchmarks/bench_tgmm.py --out "$OUT/tgmm.json" ${TGMM_ARGS:-} ;;
     autotune) cp moe_pallas/kernels/config.py "$OUT/config.py"
             step "${AUTOTUNE_S:-240}" python3 benchmarks/autotune_gmm.py \
               --classes ${AUTOTUNE_CLASSES:-small} --write "$OUT/config.py" --log "$OUT/autotune.json" \

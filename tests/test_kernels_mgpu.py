@@ -6,6 +6,7 @@ Interpret mode fills outputs with NaN and raises on out-of-bounds reads, so `rel
 rejects NaN) also proves every row was written, and a TMA box leaving lhs fails the test.
 """
 
+import dataclasses
 import functools
 
 import jax
@@ -339,6 +340,16 @@ def test_tgmm_matches_oracle(num_rows, group_sizes):
         assert not np.asarray(out[g]).any()  # exact zeros, not a small residue
 
 
+def test_tgmm_two_ctas_per_sm_matches_oracle():
+    rng = np.random.default_rng(14)
+    sizes = [13, 20, 0, 30, 7]
+    lhs = jnp.asarray(rng.standard_normal((75, 128)), BF16)
+    rhs = jnp.asarray(rng.standard_normal((75, 64)), BF16)
+    cfg = dataclasses.replace(TGMM_SMALL, ctas_per_sm=2)
+    out = tgmm_mgpu.tgmm(lhs, rhs, jnp.asarray(sizes, jnp.int32), out_dtype=jnp.float32, config=cfg)
+    assert rel_err(out, tgmm64(lhs, rhs, sizes)) < 1e-5
+
+
 def test_tgmm_keeps_nan_rows_in_their_group():
     """Row boxes start at multiples of 8 and cover neighbours' rows: those are zeroed in both
     operands, so a NaN in one group's rows (or past every group) reaches no other group."""
@@ -404,6 +415,7 @@ def test_tgmm_op_and_bf16_grads_run_mosaic_gpu():
         (65536, 4096, 4096, 256, None),
         (100, 2048, 4096, 256, None),
         (100, 2048, 4096, 256, TGMM_SMALL),  # lhs and rhs slots of different widths: one swizzle
+        (8192, 2880, 5760, 128, tgmm_mgpu.TgmmMosaicConfig(64, 64, 128, 3, ctas_per_sm=2)),
     ],
 )
 def test_tgmm_lowers_for_h200(rows, k, n, groups, config):

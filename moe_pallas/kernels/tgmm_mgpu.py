@@ -7,7 +7,8 @@ nothing. Same contract as `kernels.tgmm.tgmm` without its row gather.
 
 Schedule. At a few dozen rows per group (training at T = 2048) every output tile is one or two
 row boxes of work, so the kernel is bound by writing [G, K, N] and by latency, not by arithmetic.
-A persistent kernel (one CTA per SM) therefore runs one TMA pipeline over all of its work instead
+A persistent kernel (one CTA per SM; two with `ctas_per_sm=2`, not yet timed) therefore runs one
+TMA pipeline over all of its work instead
 of one per tile: CTA c owns the output tiles (k-tile, n-tile) p = c, c + C, c + 2C, ... of every
 group, and walks groups in order, for each group its tiles, for each tile the group's row boxes.
 The ring of `num_stages` shared-memory slots is refilled across tile and group boundaries, and a
@@ -49,12 +50,16 @@ class TgmmMosaicConfig:
     block_k: int = 64  # output rows: the wgmma M of one warpgroup, 64
     block_n: int = 256  # output columns (the accumulator: block_k x block_n float32 registers)
     num_stages: int = 4  # shared-memory slots of the TMA ring, at least 2
+    # CTAs per SM of the persistent grid: 2 lets a second CTA's loads and wgmma overlap one CTA's
+    # masking and stores, if both fit in shared memory (each at most half of the 227 KiB).
+    ctas_per_sm: int = 1
 
     def fit(self, k: int, n: int) -> "TgmmMosaicConfig":
         """The largest block_k (block_n) of at most the configured size that divides K (N)."""
-        if self.block_m not in (64, 128) or self.num_stages < 2:
+        if self.block_m not in (64, 128) or self.num_stages < 2 or self.ctas_per_sm not in (1, 2):
             raise ValueError(
-                f"tgmm_mgpu needs block_m in (64, 128) and num_stages >= 2, got {self}."
+                "tgmm_mgpu needs block_m in (64, 128), num_stages >= 2 and ctas_per_sm 1 or 2, "
+                f"got {self}."
             )
         return dataclasses.replace(
             self,
@@ -243,7 +248,7 @@ def tgmm(
     if padded_rows > num_rows:
         pad = ((0, padded_rows - num_rows), (0, 0))
         lhs, rhs = jnp.pad(lhs, pad), jnp.pad(rhs, pad)
-    num_ctas = num_sms()
+    num_ctas = cfg.ctas_per_sm * num_sms()
     transforms = _transforms(cfg, lhs.dtype)
     bm, bk, bn, stages = cfg.block_m, cfg.block_k, cfg.block_n, cfg.num_stages
     return plgpu.kernel(
