@@ -108,7 +108,8 @@ def _kernel(
     last_box_row = lhs_gmem.shape[0] - bm  # a multiple of 8 (the rows are padded to one)
     cta = jax.lax.axis_index("sm")
     # Tiles of each group this CTA owns. Integer division and remainder of traced non-negative
-    # values go through lax.div/rem: jnp's floor versions do not lower here in jax 0.11.2.
+    # values go through lax.div/rem: with jnp's // and % (jitted helpers) this kernel failed to
+    # lower in jax 0.11.2 ("Shaped arrays must be represented by ir.Values").
     pairs = jax.lax.div(num_pairs - cta + num_ctas - 1, num_ctas)
     total_steps = pairs * total_boxes_gmem[0]
 
