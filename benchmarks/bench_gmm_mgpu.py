@@ -58,7 +58,7 @@ def parse_config(text: str) -> gmm_mgpu.MosaicConfig:
 
 
 def parse_tgmm_config(text: str) -> tgmm_mgpu.TgmmMosaicConfig:
-    """ "block_m,block_k,block_n,num_stages[,ctas_per_sm]" -> TgmmMosaicConfig."""
+    """ "block_m,block_k,block_n,num_stages[,ctas_per_sm[,producer]]" -> TgmmMosaicConfig."""
     return tgmm_mgpu.TgmmMosaicConfig(*map(int, text.split(",")))
 
 

@@ -14,7 +14,7 @@
 #   gmm     gmm/tgmm kernels at both workloads' shapes                     -> $OUT/gmm.json
 #   mgpu    Mosaic GPU gmm next to Triton (MGPU_ARGS: bench_gmm_mgpu options)  -> $OUT/gmm_mgpu.json
 #   tgmm    the weight gradients against cuBLAS and fill references (TGMM_ARGS: bench_tgmm options,
-#           e.g. "--mosaic-configs 64,64,128,3,2")                             -> $OUT/tgmm.json
+#           e.g. "--mosaic-configs 64,64,128,3,2 64,64,256,4,1,1")             -> $OUT/tgmm.json
 #   autotune  the gmm/tgmm block table for AUTOTUNE_CLASSES (default small; AUTOTUNE_ARGS e.g.
 #           "--kernels gmm --around-table")                                    -> $OUT/config.py;
 #           AUTOTUNE_APPLY=1 copies it into moe_pallas/kernels/config.py for the later steps

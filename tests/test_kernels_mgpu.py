@@ -340,12 +340,17 @@ def test_tgmm_matches_oracle(num_rows, group_sizes):
         assert not np.asarray(out[g]).any()  # exact zeros, not a small residue
 
 
-def test_tgmm_two_ctas_per_sm_matches_oracle():
+@pytest.mark.parametrize(
+    "variant", [{"ctas_per_sm": 2}, {"producer": True}, {"producer": True, "num_stages": 3}]
+)
+def test_tgmm_variants_match_oracle(variant):
+    """Two CTAs per SM; a producer warpgroup feeding the ring (2 or 3 slots: the slot hand-back
+    wraps around many times over 14 boxes)."""
     rng = np.random.default_rng(14)
     sizes = [13, 20, 0, 30, 7]
     lhs = jnp.asarray(rng.standard_normal((75, 128)), BF16)
     rhs = jnp.asarray(rng.standard_normal((75, 64)), BF16)
-    cfg = dataclasses.replace(TGMM_SMALL, ctas_per_sm=2)
+    cfg = dataclasses.replace(TGMM_SMALL, **variant)
     out = tgmm_mgpu.tgmm(lhs, rhs, jnp.asarray(sizes, jnp.int32), out_dtype=jnp.float32, config=cfg)
     assert rel_err(out, tgmm64(lhs, rhs, sizes)) < 1e-5
 
@@ -416,6 +421,8 @@ def test_tgmm_op_and_bf16_grads_run_mosaic_gpu():
         (100, 2048, 4096, 256, None),
         (100, 2048, 4096, 256, TGMM_SMALL),  # lhs and rhs slots of different widths: one swizzle
         (8192, 2880, 5760, 128, tgmm_mgpu.TgmmMosaicConfig(64, 64, 128, 3, ctas_per_sm=2)),
+        (8192, 2880, 5760, 128, tgmm_mgpu.TgmmMosaicConfig(producer=True)),
+        (8192, 2880, 5760, 128, tgmm_mgpu.TgmmMosaicConfig(64, 64, 128, 3, 2, producer=True)),
     ],
 )
 def test_tgmm_lowers_for_h200(rows, k, n, groups, config):

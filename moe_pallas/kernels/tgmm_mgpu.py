@@ -17,7 +17,10 @@ next tile's boxes are multiplied. All CTAs walk the groups at the same pace, so 
 read are one group's, in L2. On the H200 (2026-12-01, benchmarks/results/2026-12-01_h200_session7/)
 this is correct but not yet fast: 1.4-1.8x the Triton kernel's time at T = 2048 (gpt-oss d
 w_gate_up 2.886 against 1.681 ms) and 1.1x at T = 16384, as one warpgroup in turn waits for the
-loads, masks, multiplies and issues the next loads; a producer warpgroup is the next step.
+loads, masks, multiplies and issues the next loads. Two options, correct in interpret mode and
+lowering for sm90 but not yet timed: `producer=True` adds a warpgroup that walks the same boxes
+issuing the TMA loads, each slot handed back by the consumer through an "empty" barrier; and
+`ctas_per_sm=2`.
 
 Row boxes. A box is block_m rows starting at a multiple of 8 (Mosaic GPU's tiled shared memory and
 TMA need it): box r of group g starts at its first row rounded down to 8, plus r·block_m. Rows of
@@ -53,6 +56,9 @@ class TgmmMosaicConfig:
     # CTAs per SM of the persistent grid: 2 lets a second CTA's loads and wgmma overlap one CTA's
     # masking and stores, if both fit in shared memory (each at most half of the 227 KiB).
     ctas_per_sm: int = 1
+    # A producer warpgroup issues the TMA loads (slots handed back through "empty" barriers), so
+    # the consumer warpgroup only waits, masks, multiplies and stores.
+    producer: bool = False
 
     def fit(self, k: int, n: int) -> "TgmmMosaicConfig":
         """The largest block_k (block_n) of at most the configured size that divides K (N)."""
@@ -97,6 +103,7 @@ def _kernel(
     o_smem,
     lhs_barriers,
     rhs_barriers,
+    empty_barriers,
     *,
     cfg: TgmmMosaicConfig,
     num_ctas: int,
@@ -153,58 +160,97 @@ def _kernel(
         )
         ref[...] = jnp.where((rows >= lo) & (rows < hi), ref[...], jnp.zeros_like(ref[...]))
 
-    producer = _Cursor(*(jnp.int32(0),) * 3)  # the box the ring loads next
-    for i in range(stages - 1):  # the ring's first stages - 1 boxes
+    start = _Cursor(*(jnp.int32(0),) * 3)
 
-        @pl.when(i < total_steps)
-        def _(producer=producer, i=i):
-            issue(producer, i)
+    def consume(refill):
+        """The consumer's walk over its tiles; refill(s, carry) -> carry runs after box s's wgmma
+        was issued and box s - 1's is done (its slot is free)."""
 
-        producer = advance(producer)
+        def tile_loop(t, carry):
+            g, j = jax.lax.div(t, pairs), jax.lax.rem(t, pairs)
 
-    def tile_loop(t, carry):
-        g, j = jax.lax.div(t, pairs), jax.lax.rem(t, pairs)
+            def with_acc(acc_ref):
+                def box_loop(r, carry):
+                    s, rest = carry
+                    slot = jax.lax.rem(s, stages)
+                    plgpu.barrier_wait(lhs_barriers.at[slot])
+                    plgpu.barrier_wait(rhs_barriers.at[slot])
+                    a0, lo, hi = box(_Cursor(g, j, r))
 
-        def with_acc(acc_ref):
-            def box_loop(r, carry):
-                s, producer = carry
-                slot = jax.lax.rem(s, stages)
-                plgpu.barrier_wait(lhs_barriers.at[slot])
-                plgpu.barrier_wait(rhs_barriers.at[slot])
-                a0, lo, hi = box(_Cursor(g, j, r))
+                    @pl.when((lo > a0) | (hi < a0 + bm))
+                    def _mask():
+                        zero_outside(lhs_smem.at[slot], a0, lo, hi)
+                        zero_outside(rhs_smem.at[slot], a0, lo, hi)
+                        plgpu.commit_smem()
 
-                @pl.when((lo > a0) | (hi < a0 + bm))
-                def _mask():
-                    zero_outside(lhs_smem.at[slot], a0, lo, hi)
-                    zero_outside(rhs_smem.at[slot], a0, lo, hi)
-                    plgpu.commit_smem()
+                    plgpu.wgmma(acc_ref, lhs_smem.at[slot].T, rhs_smem.at[slot])
+                    plgpu.wgmma_wait(1)
+                    return s + 1, refill(s, rest)
 
-                plgpu.wgmma(acc_ref, lhs_smem.at[slot].T, rhs_smem.at[slot])
-                # The previous box's wgmma is done: its slot takes the box stages - 1 ahead.
-                plgpu.wgmma_wait(1)
+                done = jax.lax.fori_loop(0, group_boxes_gmem[g], box_loop, carry)
+                return done, acc_ref[...]  # waits for the last wgmma
 
-                @pl.when(s + stages - 1 < total_steps)
-                def _refill():
-                    issue(producer, jax.lax.rem(s + stages - 1, stages))
+            carry, acc = pl.run_scoped(with_acc, plgpu.ACC((bk, bn)))
+            ki, ni = tile(_Cursor(g, j, 0))
+            buf = jax.lax.rem(t, 2)
+            plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # buf's last store has read it
+            o_smem[buf] = acc.astype(o_smem.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(
+                o_smem.at[buf], out_gmem.at[g, pl.ds(ki * bk, bk), pl.ds(ni * bn, bn)]
+            )
+            return carry
 
-                return s + 1, advance(producer)
+        return tile_loop
 
-            done = jax.lax.fori_loop(0, group_boxes_gmem[g], box_loop, carry)
-            return done, acc_ref[...]  # waits for the last wgmma
+    if not cfg.producer:
+        producer = start  # the box the ring loads next
+        for i in range(stages - 1):  # the ring's first stages - 1 boxes
 
-        carry, acc = pl.run_scoped(with_acc, plgpu.ACC((bk, bn)))
-        ki, ni = tile(_Cursor(g, j, 0))
-        buf = jax.lax.rem(t, 2)
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # buf's last store has read it
-        o_smem[buf] = acc.astype(o_smem.dtype)
-        plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(
-            o_smem.at[buf], out_gmem.at[g, pl.ds(ki * bk, bk), pl.ds(ni * bn, bn)]
-        )
-        return carry
+            @pl.when(i < total_steps)
+            def _(producer=producer, i=i):
+                issue(producer, i)
 
-    jax.lax.fori_loop(0, pairs * num_groups, tile_loop, (jnp.int32(0), producer))
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            producer = advance(producer)
+
+        def refill(s, producer):  # box s - 1's slot takes the box stages - 1 ahead
+            @pl.when(s + stages - 1 < total_steps)
+            def _():
+                issue(producer, jax.lax.rem(s + stages - 1, stages))
+
+            return advance(producer)
+
+        jax.lax.fori_loop(0, pairs * num_groups, consume(refill), (jnp.int32(0), producer))
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+        return
+
+    wg = jax.lax.axis_index("wg")
+
+    @pl.when(wg == 1)
+    def _producer():
+        def load(s, cursor):
+            slot = jax.lax.rem(s, stages)
+
+            @pl.when(s >= stages)
+            def _():  # the consumer has finished with this slot's previous box
+                plgpu.barrier_wait(empty_barriers.at[slot])
+
+            issue(cursor, slot)
+            return advance(cursor)
+
+        jax.lax.fori_loop(0, total_steps, load, start)
+
+    @pl.when(wg == 0)
+    def _consumer():
+        def hand_back(s, rest):  # box s - 1's slot is free, for box s + stages - 1 if there is one
+            @pl.when((s > 0) & (s + stages - 1 < total_steps))
+            def _():
+                plgpu.barrier_arrive(empty_barriers.at[jax.lax.rem(s + stages - 1, stages)])
+
+            return rest
+
+        jax.lax.fori_loop(0, pairs * num_groups, consume(hand_back), (jnp.int32(0), jnp.int32(0)))
+        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
 def tgmm(
@@ -263,7 +309,9 @@ def tgmm(
             plgpu.SMEM((2, bk, bn), out_dtype),
             plgpu.Barrier(num_arrivals=1, num_barriers=stages),
             plgpu.Barrier(num_arrivals=1, num_barriers=stages),
+            plgpu.Barrier(num_arrivals=1, num_barriers=stages),  # empty slots (producer only)
         ],
+        **({"num_threads": 2, "thread_name": "wg"} if cfg.producer else {}),
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
         interpret=plgpu.InterpretGPUParams() if _backend.interpret_mode() else None,
         kernel_name="tgmm_mgpu",
