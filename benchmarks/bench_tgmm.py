@@ -6,8 +6,8 @@ case (workload, weight, T, uniform routing, bf16) this times, as the layer calls
   tgmm      `kernels.tgmm` with the table's config and with each --configs entry
             ("block_m,block_n,block_k,group_m,num_warps,num_stages")
   mosaic    `kernels.tgmm_mgpu` with each --mosaic-configs entry ("block_m,block_k,block_n,
-            num_stages[,ctas_per_sm[,producer]]"), on an XLA-gathered copy of x for gate_up (as the layer
-            runs it), the copy included
+            num_stages[,ctas_per_sm[,producer]]"), on an XLA-gathered copy of x for gate_up (as
+            the layer runs it), the copy included
   fill      an XLA fusion writing the same [E, K, N] bf16 array (at 1.7 TB/s on the H200: not
             a ceiling; a store-only Triton kernel wrote 4.2-4.5 TB/s, results/..._session7/)
   cublas    `einsum("eck,ecn->ekn")` on inputs padded to the largest group (built outside the
