@@ -56,6 +56,7 @@ def _stage_fns(activation, inputs):
     x, idx, tw, p = (inputs[k] for k in ("x", "topk_idx", "topk_weight", "params"))
     e = p["w_gate_up"].shape[0]
     d, _, row_weight = fused._routing(idx, tw, e)
+    bias = "b_down" in p
     a = gmm(
         x,
         p["w_gate_up"],
@@ -115,7 +116,7 @@ def _stage_fns(activation, inputs):
             (a, p["w_down"]),
         ),
         "combine": (lambda y: combine(y, pair_row), (y,)),
-        "bwd dlhs (gmm_t g + XLA GLU derivative)": (
+        "bwd dlhs (gmm_t g + GLU pass)": (
             lambda dout, w: fused.dlhs(activation, "pallas_triton", dout, w, h, d, row_weight),
             (dout, p["w_down"]),
         ),
@@ -125,16 +126,16 @@ def _stage_fns(activation, inputs):
             ),
             (dout,),
         ),
-        "bwd tgmm w_down": (lambda a, dy: tgmm(a, dy, d.group_sizes), (a, y)),
+        # with the bias gradients (rhs_sums) where the workload has biases, as the layer runs it
+        "bwd tgmm w_down": (lambda a, dy: tgmm(a, dy, d.group_sizes, rhs_sums=bias), (a, y)),
         "bwd tgmm w_gate_up": (
-            lambda x, dh: tgmm(x, dh, d.group_sizes, lhs_row_index=d.row_token),
+            lambda x, dh: tgmm(x, dh, d.group_sizes, lhs_row_index=d.row_token, rhs_sums=bias),
             (x, h),
         ),
         "bwd dx gmm_t": (
             lambda dh, w: gmm(dh, w, d.group_sizes, transpose_rhs=True),
             (h, p["w_gate_up"]),
         ),
-        "bwd group sums": (lambda dh: fused._group_sum(dh, d.group_sizes), (h,)),
     }
 
 

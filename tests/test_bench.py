@@ -328,3 +328,26 @@ def test_tgmm_benchmark_on_cpu(tmp_path):
         assert r["tgmm 16,16,16,2,4,2"]["ms"] > 0 and r["fill"]["ms"] > 0
         assert r["mosaic 64,64,32,2"]["ms"] > 0 and r["mosaic_rel_err"]["64,64,32,2"] < 1e-5
         assert "mismatch" not in r
+
+
+def test_layer_breakdown_stages_all_run_on_cpu(tmp_path):
+    """bench_layer.py's per-stage breakdown (interpret mode, tiny gpt-oss): every stage runs; a
+    stage the layer no longer has (e.g. a removed helper) shows up as an error string here."""
+    from benchmarks import bench_layer
+
+    results = bench_layer.main(
+        [
+            "--small",
+            "--cases",
+            "",
+            "--breakdown",
+            "gptoss:16",
+            "--budget",
+            "0.001",
+            "--out",
+            str(tmp_path / "layer.json"),
+        ]
+    )
+    stages = next(iter(results["breakdown"].values()))
+    assert "bwd tgmm w_gate_up" in stages
+    assert all(isinstance(ms, float) for ms in stages.values()), stages
