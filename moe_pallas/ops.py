@@ -116,15 +116,15 @@ def tgmm_on_backend(
     backend, lhs, rhs, group_sizes, *, lhs_row_index=None, out_dtype=None, rhs_sums=False
 ):
     """`kernels.tgmm` on Mosaic GPU or Triton, chosen as in `gmm_on_backend`; with rhs_sums also
-    the [G, N] float32 per-group sums of rhs (Triton: in the same kernel; Mosaic GPU: a Triton
-    tgmm of a ones column against rhs)."""
+    the [G, N] float32 per-group sums of rhs (Triton: in the same kernel; Mosaic GPU: the sums of
+    a Triton tgmm whose lhs is one dummy column, so its own [G, 1, N] product is negligible)."""
     if _mosaic(backend, lhs, rhs):
         lhs = lhs if lhs_row_index is None else lhs[lhs_row_index]
         out = _tgmm_mgpu.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
         if not rhs_sums:
             return out
-        ones, every_row = jnp.ones((1, 16), rhs.dtype), jnp.zeros((rhs.shape[0],), jnp.int32)
-        return out, _tgmm(ones, rhs, group_sizes, lhs_row_index=every_row, rhs_sums=True)[1]
+        dummy, row0 = jnp.zeros((1, 1), rhs.dtype), jnp.zeros((rhs.shape[0],), jnp.int32)
+        return out, _tgmm(dummy, rhs, group_sizes, lhs_row_index=row0, rhs_sums=True)[1]
     return _tgmm(
         lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, out_dtype=out_dtype, rhs_sums=rhs_sums
     )

@@ -37,8 +37,8 @@ failed at run time with CUDA_ERROR_MISALIGNED_ADDRESS, in every layer call at de
 (benchmarks/results/2026-12-01_h200_session7/), while interpret mode ran them.
 
 Limits (ValueError, use the Triton backend instead): bf16/f16 operands of one dtype, block_n >= 64,
-N a multiple of block_n and K of block_k (both workloads' dimensions are multiples of 64); a GLU only with a
-non-transposed rhs and consumers=1, or SwiGLU with split "m".
+N a multiple of block_n and K of block_k (both workloads' dimensions are multiples of 64); a GLU
+only with a non-transposed rhs and consumers=1, or SwiGLU with split "m".
 """
 
 import dataclasses

@@ -131,8 +131,9 @@ def _kernel(
             jnp.where(next_tile, 0, r),
         )
 
-    def tile(c: _Cursor):
-        p = cta + c.j * num_ctas
+    def tile(j):
+        """(k-tile, n-tile) of this CTA's j-th tile of a group."""
+        p = cta + j * num_ctas
         return jax.lax.div(p, n_tiles), jax.lax.rem(p, n_tiles)
 
     def box(c: _Cursor):
@@ -144,7 +145,7 @@ def _kernel(
         return a0, jnp.maximum(start, nominal), jnp.minimum(end, nominal + bm)
 
     def issue(c: _Cursor, slot):
-        ki, ni = tile(c)
+        ki, ni = tile(c.j)
         a0, _, _ = box(c)
         rows = pl.ds(a0, bm)
         plgpu.copy_gmem_to_smem(
@@ -191,7 +192,7 @@ def _kernel(
                 return done, acc_ref[...]  # waits for the last wgmma
 
             carry, acc = pl.run_scoped(with_acc, plgpu.ACC((bk, bn)))
-            ki, ni = tile(_Cursor(g, j, 0))
+            ki, ni = tile(j)
             buf = jax.lax.rem(t, 2)
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # buf's last store has read it
             o_smem[buf] = acc.astype(o_smem.dtype)
