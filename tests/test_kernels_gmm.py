@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moe_pallas.kernels import BlockConfig, gmm, tgmm
+from moe_pallas.kernels import BlockConfig, config, gmm, tgmm
 
 
 # float64 numpy oracles, independent of the kernels and of jax (also used by test_kernels_ops).
@@ -369,6 +369,33 @@ def test_tgmm_rhs_sums(k, gather, dtype):
     assert not np.asarray(sums[sizes == 0]).any()
 
 
+@pytest.mark.parametrize("gather, rhs_sums", [(False, False), (True, True)])
+def test_tgmm_one_and_many_row_steps(gather, rhs_sums):
+    """Groups of at most block_m rows (lhs tile loaded once) next to groups of 2-3 row steps (the
+    pipelined loop), unaligned starts, empty groups, NaN in the rows past the groups."""
+    rng = np.random.default_rng(11)
+    sizes = np.array([16, 0, 17, 5, 40, 1, 0, 9], np.int32)  # block_m = 16
+    m, k, n, g = int(sizes.sum()) + 3, 40, 72, sizes.size
+    lhs_np = rng.standard_normal((m, k))
+    rhs_np = rng.standard_normal((m, n))
+    rhs_np[m - 3 :] = np.nan
+    index = None
+    if gather:
+        index = jnp.asarray(rng.integers(0, m - 3, m), jnp.int32)
+    else:
+        lhs_np[m - 3 :] = np.nan
+    lhs, rhs = jnp.asarray(lhs_np, jnp.float32), jnp.asarray(rhs_np, jnp.float32)
+    cfg = dataclasses.replace(CFG, group_m=3)
+    out = tgmm(lhs, rhs, jnp.asarray(sizes), lhs_row_index=index, config=cfg, rhs_sums=rhs_sums)
+    if rhs_sums:
+        out, sums = out
+        ends = np.cumsum(sizes)
+        want = np.stack([rhs_np[e - s : e].sum(0) for s, e in zip(sizes, ends)])
+        assert rel_err(sums, want) < _tol(jnp.float32)
+    assert rel_err(out, tgmm64(lhs, rhs, sizes, lhs_row_index=index)) < _tol(jnp.float32)
+    assert not np.asarray(out[sizes == 0]).any(), "empty groups must give exact zeros"
+
+
 def test_tgmm_gather():
     rng = np.random.default_rng(5)
     m, m_src, k, n, g = 50, 12, 40, 24, 5
@@ -378,3 +405,22 @@ def test_tgmm_gather():
     sizes = random_group_sizes(rng, g, m - 4)
     out = tgmm(lhs, rhs, jnp.asarray(sizes), lhs_row_index=index, config=CFG)
     assert rel_err(out, tgmm64(lhs, rhs, sizes, lhs_row_index=index)) < _tol(jnp.float32)
+
+
+@pytest.mark.parametrize(
+    "kernel, activation, k, n, want",
+    [
+        ("gmm_glu", "gptoss", 2880, 2880, 32),  # 64 interleaved weight columns
+        ("gmm_glu", "swiglu", 4096, 2048, 64),  # gate and up: two 64-column blocks
+        ("gmm", None, 2880, 2880, 64),
+        ("gmm", None, 2048, 4096, 64),
+    ],
+)
+def test_decode_tiles_keep_contiguous_weight_rows(kernel, activation, k, n, want):
+    """At T = 1 (4 or 8 rows, one per expert) `pick` spreads block_n over the SMs but keeps each
+    weight row of a tile at least 64 columns contiguous (narrower streamed slower on the H200)."""
+    top_k, experts = (4, 128) if activation != "swiglu" and n != 4096 else (8, 256)
+    cfg = config.pick(kernel, top_k, experts, k, n, activation)
+    assert cfg.block_n == want
+    wide = config.pick(kernel, 2048 * top_k, experts, k, n, activation)
+    assert wide.block_n >= want

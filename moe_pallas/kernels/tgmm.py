@@ -15,11 +15,16 @@ sends the dot operand through registers) made both weight-gradient calls 15% slo
 
 Tiling. A 3-D grid (n-chunk, k-tile, group), n fastest so that the programs of one group run
 together and share its rows from L2. Each program owns `group_m` consecutive [block_k, block_n]
-output tiles of one k-tile and walks them in one loop over (tile, row step) pairs, the group's rows
-in block_m steps (a dynamic trip count; the last step is masked, the group start need not be
-aligned): with a few dozen rows per group a program per tile would be a two-step loop, all
-latency and no pipelining, so the chunk keeps loads in flight across tiles. K and N tails are
-masked.
+output tiles of one k-tile. A group of at most block_m rows (one row step; at T = 2048 about half
+of them) loads its lhs tile once and loops over the tiles loading only rhs. Larger groups walk the
+tiles in one loop over (tile, row step) pairs, the group's rows in block_m steps (a dynamic trip
+count; the last step is masked, the group start need not be aligned): with a few dozen rows per
+group a program per tile would be a two-step loop, all latency and no pipelining, so the chunk
+keeps loads in flight across tiles. K and N tails are masked. On the H200 the loads and the
+stores barely overlap (probes at gpt-oss d w_gate_up, T = 2048: the loop's loads and dots alone
+1.02 ms, its stores alone 1.00 ms, together 1.63 ms), so fewer loads pay: loading lhs once per
+one-step group took that case to 1.55 ms and d w_down from 0.86 to 0.81 ms (2026-12-01,
+benchmarks/results/2026-12-01_h200_session8/).
 """
 
 import functools
@@ -81,20 +86,7 @@ def _tgmm_kernel(
                     mask=None if n_dim % bn == 0 else ns < n_dim,
                 )
 
-    @pl.when(steps == 0)
-    def _empty_group():
-        @pl.loop(0, num_tiles)
-        def _zero_tile(j):
-            store(first_tile + j, jnp.zeros((bk, bn), jnp.float32))
-
-    # One loop over (tile j, row step i) pairs, i fastest: the loads of the next pair are in flight
-    # while this one multiplies, also across tiles (a group of a few dozen rows is one or two row
-    # steps, too short a loop to pipeline per tile). The accumulator restarts at i == 0.
-    def body(it, acc):
-        j = jax.lax.div(it, steps)
-        i = it - j * steps
-        n0 = (first_tile + j) * bn
-        r0 = start + i * bm
+    def load_a(r0):  # [bm, bk] rows r0.. of lhs (gathered), zero outside the group
         row_ok = (r0 + jnp.arange(bm, dtype=jnp.int32) < end)[:, None]
         a_mask = row_ok if k_mask is None else row_ok & k_mask
         if gather:
@@ -102,20 +94,46 @@ def _tgmm_kernel(
             a = plgpu.load(lhs_ref.at[src[:, None], ks[None, :]], mask=a_mask, other=0)
         else:
             a = plgpu.load(lhs_ref.at[pl.ds(r0, bm), pl.ds(k0, bk)], mask=a_mask, other=0)
-        ns = n0 + jnp.arange(bn, dtype=jnp.int32)
+        return a.astype(compute_dtype)
+
+    def load_b(r0, tile):  # [bm, bn] rows r0.. of rhs at n-tile `tile`, zero outside the group
+        row_ok = (r0 + jnp.arange(bm, dtype=jnp.int32) < end)[:, None]
+        ns = tile * bn + jnp.arange(bn, dtype=jnp.int32)
         b_mask = row_ok if n_dim % bn == 0 else row_ok & (ns < n_dim)[None, :]
-        b = plgpu.load(rhs_ref.at[pl.ds(r0, bm), pl.ds(n0, bn)], mask=b_mask, other=0)
-        acc = jnp.where(i == 0, 0.0, acc) + plgpu.dot(
-            a.astype(compute_dtype), b.astype(compute_dtype), trans_a=True
-        )
+        b = plgpu.load(rhs_ref.at[pl.ds(r0, bm), pl.ds(tile * bn, bn)], mask=b_mask, other=0)
+        return b.astype(compute_dtype)
 
-        @pl.when(i == steps - 1)
-        def _last_step():
-            store(first_tile + j, acc)
+    # A group of at most block_m rows (empty ones too: all loads masked, exact zeros) is one row
+    # step: its lhs tile is loaded once and each n-tile loads only rhs, halving the loads.
+    @pl.when(steps <= 1)
+    def _one_row_step():
+        a = load_a(start)
 
-        return acc
+        @pl.loop(0, num_tiles)
+        def _tile(j):
+            store(first_tile + j, plgpu.dot(a, load_b(start, first_tile + j), trans_a=True))
 
-    jax.lax.fori_loop(0, steps * num_tiles, body, jnp.zeros((bk, bn), jnp.float32))
+    # Larger groups: one loop over (tile j, row step i) pairs, i fastest, so the loads of the next
+    # pair are in flight while this one multiplies, also across tiles. The accumulator restarts
+    # at i == 0.
+    @pl.when(steps > 1)
+    def _row_steps():
+        def body(it, acc):
+            j = jax.lax.div(it, steps)
+            i = it - j * steps
+            r0 = start + i * bm
+            tile = first_tile + j
+            acc = jnp.where(i == 0, 0.0, acc) + plgpu.dot(
+                load_a(r0), load_b(r0, tile), trans_a=True
+            )
+
+            @pl.when(i == steps - 1)
+            def _last_step():
+                store(tile, acc)
+
+            return acc
+
+        jax.lax.fori_loop(0, steps * num_tiles, body, jnp.zeros((bk, bn), jnp.float32))
 
 
 def tgmm(
