@@ -115,12 +115,28 @@ def spread_block_n(
     return block_n
 
 
-def pick(kernel: str, num_rows: int, num_groups: int, k: int, n: int) -> BlockConfig:
+def pick(
+    kernel: str, num_rows: int, num_groups: int, k: int, n: int, activation: str | None = None
+) -> BlockConfig:
     """The table's config for this shape, fitted to it, with block_n narrowed by
-    `spread_block_n` for the gmm kernels."""
+    `spread_block_n` for the gmm kernels, down to `min_block_n`."""
     cfg = _TABLE[(kernel, rows_class(num_rows, num_groups))].fit(num_rows, k, n)
     if kernel != "tgmm":
-        min_block_n = 16 if kernel == "gmm_glu" else 32  # a GLU tile reads 2·block_n columns
-        block_n = spread_block_n(cfg.block_n, n, num_rows, num_groups, min_block_n, _MIN_PROGRAMS)
+        block_n = spread_block_n(
+            cfg.block_n, n, num_rows, num_groups, min_block_n(kernel, activation), _MIN_PROGRAMS
+        )
         cfg = dataclasses.replace(cfg, block_n=block_n)
     return cfg
+
+
+def min_block_n(kernel: str, activation: str | None = None) -> int:
+    """The narrowest block_n `pick` spreads to: a tile's rows of weights stay at least 64 columns
+    (128 bf16 bytes) contiguous. At T = 1 on the H200 narrower tiles streamed the weights slower
+    in spite of more programs (2026-12-01 sweep, benchmarks/results/2026-12-01_h200_session8/:
+    SwiGLU gate_up 118.5 us at 16 output columns vs 63.1 at 64; down 43.6 at 32 vs 33.5 at 64;
+    gpt-oss gate_up 41.7 at 16 vs 34.1 at 32). gpt-oss's GLU reads its gate and up columns
+    interleaved, 2·block_n contiguous; SwiGLU's reads two blocks of block_n. gmm_t reads rows of
+    the weights' K dimension, contiguous at any block_n."""
+    if kernel == "gmm_glu":
+        return 32 if activation == "gptoss" else 64
+    return 32 if kernel == "gmm_t" else 64

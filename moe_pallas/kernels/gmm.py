@@ -274,7 +274,7 @@ def gmm(
     kernel_name = "gmm_t" if transpose_rhs else "gmm"
     if config is None:
         table_key = "gmm_glu" if activation else kernel_name
-        config = _config.pick(table_key, num_rows, num_groups, k_dim, n_out)
+        config = _config.pick(table_key, num_rows, num_groups, k_dim, n_out, activation)
     cfg = config.fit(num_rows, k_dim, n_out)
     sched = dispatch.tile_schedule(clamp_group_sizes(group_sizes, num_rows), num_rows, cfg.block_m)
     num_visits = sched.group.shape[0]
