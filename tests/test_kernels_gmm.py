@@ -375,7 +375,7 @@ def test_tgmm_one_and_many_row_steps(gather, rhs_sums):
     pipelined loop), unaligned starts, empty groups, NaN in the rows past the groups."""
     rng = np.random.default_rng(11)
     sizes = np.array([16, 0, 17, 5, 40, 1, 0, 9], np.int32)  # block_m = 16
-    m, k, n, g = int(sizes.sum()) + 3, 40, 72, sizes.size
+    m, k, n = int(sizes.sum()) + 3, 40, 72
     lhs_np = rng.standard_normal((m, k))
     rhs_np = rng.standard_normal((m, n))
     rhs_np[m - 3 :] = np.nan
