@@ -5,7 +5,9 @@ projections gate_up (K = H, N = 2I) and down (K = I, N = H), M = T·k rows for T
 and 2048, 16384 (prefill), expert ids drawn uniformly at random. bf16 inputs (random normal, never
 zeros), f32 accumulation. Each timing runs the kernel `reps` times inside one jitted loop (every
 iteration depends on the previous one, so nothing is hoisted or overlapped) after a warm-up; the
-median of 5 such loops over reps is reported. Bytes: weights of the experts actually hit, plus
+median of 5 such loops over reps is reported; a loop iteration costs ~15 us by itself on the H200
+(2026-12-01, session 8), which inflates the T = 1 rows (kernels of 20-60 us): kernel times there come from a trace
+(benchmarks/profile_layer.py). Bytes: weights of the experts actually hit, plus
 lhs in and out (tgmm: lhs and rhs in, the whole [G, K, N] out). tokamax is timed when importable.
 
     PYTHONPATH=. python3 benchmarks/bench_gmm.py --out results.json

@@ -7,9 +7,8 @@ nothing. Same contract as `kernels.tgmm.tgmm` without its row gather.
 
 Schedule. At a few dozen rows per group (training at T = 2048) every output tile is one or two
 row boxes of work, so the kernel is bound by writing [G, K, N] and by latency, not by arithmetic.
-A persistent kernel (one CTA per SM; two with `ctas_per_sm=2`, not yet timed) therefore runs one
-TMA pipeline over all of its work instead
-of one per tile: CTA c owns the output tiles (k-tile, n-tile) p = c, c + C, c + 2C, ... of every
+A persistent kernel (one CTA per SM; two with `ctas_per_sm=2`) therefore runs one TMA pipeline
+over all of its work instead of one per tile: CTA c owns the output tiles (k-tile, n-tile) p = c, c + C, c + 2C, ... of every
 group, and walks groups in order, for each group its tiles, for each tile the group's row boxes.
 The ring of `num_stages` shared-memory slots is refilled across tile and group boundaries, and a
 finished tile leaves through an asynchronous TMA store from one of two output buffers while the
@@ -17,10 +16,12 @@ next tile's boxes are multiplied. All CTAs walk the groups at the same pace, so 
 read are one group's, in L2. On the H200 (2026-12-01, benchmarks/results/2026-12-01_h200_session7/)
 this is correct but not yet fast: 1.4-1.8x the Triton kernel's time at T = 2048 (gpt-oss d
 w_gate_up 2.886 against 1.681 ms) and 1.1x at T = 16384, as one warpgroup in turn waits for the
-loads, masks, multiplies and issues the next loads. Two options, correct in interpret mode and
-lowering for sm90 but not yet timed: `producer=True` adds a warpgroup that walks the same boxes
-issuing the TMA loads, each slot handed back by the consumer through an "empty" barrier; and
-`ctas_per_sm=2`.
+loads, masks, multiplies and issues the next loads. Two options help neither case on the H200
+(session 8, gpt-oss T = 2048, d w_gate_up / d w_down against Triton's 1.674 / 0.843 ms):
+`producer=True`, a warpgroup that walks the same boxes issuing the TMA loads, each slot handed
+back by the consumer through an "empty" barrier (64 x 64 x 256, 4 stages: 3.120 / 1.672 ms, 2.962
+/ 1.602 without); and `ctas_per_sm=2` (64 x 64 x 128, 3 stages: 2.336 / 1.891; with the producer
+too 3.472 / 1.777).
 
 Row boxes. A box is block_m rows starting at a multiple of 8 (Mosaic GPU's tiled shared memory and
 TMA need it): box r of group g starts at its first row rounded down to 8, plus r·block_m. Rows of
