@@ -89,9 +89,15 @@ def _cdiv(a: int, b: int) -> int:
 
 def tile_schedule(group_sizes: jax.Array, num_rows: int, block_m: int) -> TileSchedule:
     """Visits (group, m-tile, row range) covering rows [0, num_rows) once each, in row order."""
-    num_groups = group_sizes.shape[0]
-    sizes = group_sizes.astype(jnp.int32)
-    ends = jnp.minimum(jnp.cumsum(sizes), num_rows)
+    ends = jnp.minimum(jnp.cumsum(group_sizes.astype(jnp.int32)), num_rows)
+    return schedule_from_ends(ends, num_rows, block_m)
+
+
+def schedule_from_ends(group_ends: jax.Array, num_rows: int, block_m: int) -> TileSchedule:
+    """`tile_schedule` from the groups' end rows (`[G]` int32, non-decreasing, at most num_rows),
+    for callers that have them: one scan fewer."""
+    num_groups = group_ends.shape[0]
+    ends = group_ends.astype(jnp.int32)
     # The pseudo-group G holds the rows no real group claims.
     ends = jnp.concatenate([ends, jnp.array([num_rows], jnp.int32)])
     starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])

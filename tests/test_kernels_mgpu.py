@@ -207,7 +207,7 @@ def test_schedule_covers_each_row_once_in_aligned_boxes():
         num_rows, block_m = int(rng.integers(1, 300)), int(rng.choice([64, 128]))
         g = int(rng.integers(1, 9))
         sizes = np.diff(np.concatenate([[0], np.sort(rng.integers(0, num_rows + 1, g))]))
-        sched = gmm_mgpu.schedule(jnp.asarray(sizes, jnp.int32), num_rows, block_m)
+        sched = gmm_mgpu.schedule(jnp.asarray(np.cumsum(sizes), jnp.int32), num_rows, block_m)
         group, tile8, start, end = map(np.asarray, sched)
         ends = np.concatenate([np.cumsum(sizes), [num_rows]])
         starts = np.concatenate([[0], ends[:-1]])

@@ -70,13 +70,18 @@ def clamp_group_sizes(group_sizes: jax.Array, num_rows: int) -> jax.Array:
     Without this a negative size would move a group start below row 0 (out-of-bounds loads and
     stores on the GPU) and a huge one would overflow the int32 cumulative sum.
     """
+    return jnp.diff(clamp_group_ends(group_sizes, num_rows), prepend=jnp.zeros((1,), jnp.int32))
+
+
+def clamp_group_ends(group_sizes: jax.Array, num_rows: int) -> jax.Array:
+    """`[G]` int32 one-past-the-last row of each group of `clamp_group_sizes` (its cumulative
+    sum): the kernels' schedules start from these, so no second scan recomputes them."""
     check_int32_sizes("grouped matmul", rows=(num_rows,))
     sizes = jnp.clip(group_sizes.astype(jnp.int32), 0, num_rows)
     if sizes.shape[0] * num_rows <= MAX_DIM:  # no partial sum of clipped sizes overflows int32
-        ends = jnp.minimum(jnp.cumsum(sizes), num_rows)
-    else:  # saturating cumsum min(a + b, num_rows), no int32 intermediate overflows (~10x the ops)
-        ends = jax.lax.associative_scan(lambda a, b: b + jnp.minimum(a, num_rows - b), sizes)
-    return jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32))
+        return jnp.minimum(jnp.cumsum(sizes), num_rows)
+    # saturating cumsum min(a + b, num_rows), no int32 intermediate overflows (~10x the ops)
+    return jax.lax.associative_scan(lambda a, b: b + jnp.minimum(a, num_rows - b), sizes)
 
 
 def _and(a, b):
@@ -276,7 +281,9 @@ def gmm(
         table_key = "gmm_glu" if activation else kernel_name
         config = _config.pick(table_key, num_rows, num_groups, k_dim, n_out, activation)
     cfg = config.fit(num_rows, k_dim, n_out)
-    sched = dispatch.tile_schedule(clamp_group_sizes(group_sizes, num_rows), num_rows, cfg.block_m)
+    sched = dispatch.schedule_from_ends(
+        clamp_group_ends(group_sizes, num_rows), num_rows, cfg.block_m
+    )
     num_visits = sched.group.shape[0]
     operands = [sched.group, sched.m_start, sched.row_start, sched.row_end]
     if gather:

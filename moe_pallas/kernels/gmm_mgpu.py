@@ -53,7 +53,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from moe_pallas import _backend
 from moe_pallas.activations import glu
 from moe_pallas.kernels import config as _config
-from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_sizes, grouped_dims
+from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_ends, grouped_dims
 
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 
@@ -174,18 +174,17 @@ class Schedule(NamedTuple):
     row_end: jax.Array  # [V] int32: one past its last row; row_start == row_end for unused visits
 
 
-def schedule(group_sizes: jax.Array, num_rows: int, block_m: int) -> Schedule:
+def schedule(group_ends: jax.Array, num_rows: int, block_m: int) -> Schedule:
     """Visits covering rows [0, num_rows) once each, in row order, with m-tiles starting at each
-    group's first row rounded down to a multiple of 8; `group_sizes` must be clamped already.
+    group's first row rounded down to a multiple of 8; `group_ends` `[G]` are the groups' end rows
+    (`gmm.clamp_group_ends`: non-decreasing, at most num_rows).
 
     A group of s rows takes cdiv(s + (start % 8), block_m) visits; summed over the at most
     min(G + 1, num_rows) non-empty groups (with the tail pseudo-group), the floor of
     (num_rows + groups * (block_m + 6)) / block_m visits always suffice.
     """
-    num_groups = group_sizes.shape[0]
-    ends = jnp.concatenate(
-        [jnp.cumsum(group_sizes.astype(jnp.int32)), jnp.array([num_rows], jnp.int32)]
-    )
+    num_groups = group_ends.shape[0]
+    ends = jnp.concatenate([group_ends.astype(jnp.int32), jnp.array([num_rows], jnp.int32)])
     starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
     first8 = starts // 8
     tiles = jnp.where(ends > starts, (ends - 8 * first8 + block_m - 1) // block_m, 0)
@@ -573,7 +572,7 @@ def gmm(
         return jnp.zeros((num_rows, n_out), out_dtype)
     config = config or default_config(num_rows, num_groups, n_out, activation)
     cfg = config.fit(n_out, k_dim)
-    sched = schedule(clamp_group_sizes(group_sizes, num_rows), num_rows, cfg.cta_m)
+    sched = schedule(clamp_group_ends(group_sizes, num_rows), num_rows, cfg.cta_m)
     # TMA boxes of cta_m rows at multiples of 8 must fit in lhs: pad short or ragged lhs (a copy;
     # M = T·k is a multiple of 8 for k = 8, and for k = 4 at even T).
     lhs_rows = max(-(-num_rows // 8) * 8, cfg.cta_m)

@@ -36,7 +36,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from moe_pallas import _backend
 from moe_pallas.kernels import config as _config
-from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_sizes
+from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_ends
 
 
 def _tgmm_kernel(
@@ -175,8 +175,8 @@ def tgmm(
     if rhs_sums:
         extra = jnp.zeros((lhs.shape[0], 8), lhs.dtype).at[:, 0].set(1)
         lhs = jnp.concatenate([lhs, extra], axis=1)
-    sizes = clamp_group_sizes(group_sizes[:num_groups], num_rows)
-    group_offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(sizes)])
+    group_ends = clamp_group_ends(group_sizes[:num_groups], num_rows)
+    group_offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), group_ends])
     operands = [group_offsets]
     if gather:
         operands.append(lhs_row_index.astype(jnp.int32))

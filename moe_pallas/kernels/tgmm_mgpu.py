@@ -44,7 +44,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from moe_pallas import _backend
-from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_sizes
+from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_ends
 from moe_pallas.kernels.gmm_mgpu import DTYPES, fit_block, num_sms
 
 
@@ -288,7 +288,7 @@ def tgmm(
     if num_groups == 0 or k_dim == 0 or n_dim == 0 or num_rows == 0:
         return jnp.zeros((num_groups, k_dim, n_dim), out_dtype)
     cfg = (config or TgmmMosaicConfig()).fit(k_dim, n_dim)
-    group_end = jnp.cumsum(clamp_group_sizes(group_sizes, num_rows).astype(jnp.int32))
+    group_end = clamp_group_ends(group_sizes, num_rows)
     group_start = jnp.concatenate([jnp.zeros((1,), jnp.int32), group_end[:-1]])
     group_boxes = jnp.where(
         group_end > group_start, -(-(group_end - (group_start // 8) * 8) // cfg.block_m), 1
