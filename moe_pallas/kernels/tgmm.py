@@ -86,8 +86,11 @@ def _tgmm_kernel(
                     mask=None if n_dim % bn == 0 else ns < n_dim,
                 )
 
+    def in_group(r0):  # [bm, 1]: which of the block_m rows from r0 belong to the group
+        return (r0 + jnp.arange(bm, dtype=jnp.int32) < end)[:, None]
+
     def load_a(r0):  # [bm, bk] rows r0.. of lhs (gathered), zero outside the group
-        row_ok = (r0 + jnp.arange(bm, dtype=jnp.int32) < end)[:, None]
+        row_ok = in_group(r0)
         a_mask = row_ok if k_mask is None else row_ok & k_mask
         if gather:
             src = plgpu.load(row_index_ref.at[pl.ds(r0, bm)], mask=row_ok[:, 0], other=0)
@@ -97,7 +100,7 @@ def _tgmm_kernel(
         return a.astype(compute_dtype)
 
     def load_b(r0, tile):  # [bm, bn] rows r0.. of rhs at n-tile `tile`, zero outside the group
-        row_ok = (r0 + jnp.arange(bm, dtype=jnp.int32) < end)[:, None]
+        row_ok = in_group(r0)
         ns = tile * bn + jnp.arange(bn, dtype=jnp.int32)
         b_mask = row_ok if n_dim % bn == 0 else row_ok & (ns < n_dim)[None, :]
         b = plgpu.load(rhs_ref.at[pl.ds(r0, bm), pl.ds(tile * bn, bn)], mask=b_mask, other=0)

@@ -8,8 +8,9 @@ nothing. Same contract as `kernels.tgmm.tgmm` without its row gather.
 Schedule. At a few dozen rows per group (training at T = 2048) every output tile is one or two
 row boxes of work, so the kernel is bound by writing [G, K, N] and by latency, not by arithmetic.
 A persistent kernel (one CTA per SM; two with `ctas_per_sm=2`) therefore runs one TMA pipeline
-over all of its work instead of one per tile: CTA c owns the output tiles (k-tile, n-tile) p = c, c + C, c + 2C, ... of every
-group, and walks groups in order, for each group its tiles, for each tile the group's row boxes.
+over all of its work instead of one per tile: CTA c owns the output tiles (k-tile, n-tile)
+p = c, c + C, c + 2C, ... of every group, and walks groups in order, for each group its tiles, for
+each tile the group's row boxes.
 The ring of `num_stages` shared-memory slots is refilled across tile and group boundaries, and a
 finished tile leaves through an asynchronous TMA store from one of two output buffers while the
 next tile's boxes are multiplied. All CTAs walk the groups at the same pace, so the rows being
