@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moe_pallas.dispatch import dispatch, num_visits, tile_schedule
+from moe_pallas.dispatch import cumsum, dispatch, num_visits, tile_schedule
 
 
 def _check_dispatch(topk_idx: np.ndarray, num_experts: int):
@@ -97,3 +97,11 @@ def test_large_inputs_take_the_binary_search_with_the_same_result(monkeypatch):
     searched = tile_schedule(sizes, 9000, 16), dispatch(topk_idx, 300)
     for a, b in zip(jax.tree.leaves(fused), jax.tree.leaves(searched)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("n", [1, 7, 257, 2049 + 1])  # the last one past the triangle's limit
+def test_cumsum_matches_numpy(n):
+    values = np.random.default_rng(n).integers(0, 1000, size=n).astype(np.int32)
+    got = cumsum(jnp.asarray(values))
+    assert got.dtype == jnp.int32
+    np.testing.assert_array_equal(got, np.cumsum(values))

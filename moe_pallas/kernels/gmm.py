@@ -79,7 +79,7 @@ def clamp_group_ends(group_sizes: jax.Array, num_rows: int) -> jax.Array:
     check_int32_sizes("grouped matmul", rows=(num_rows,))
     sizes = jnp.clip(group_sizes.astype(jnp.int32), 0, num_rows)
     if sizes.shape[0] * num_rows <= MAX_DIM:  # no partial sum of clipped sizes overflows int32
-        return jnp.minimum(jnp.cumsum(sizes), num_rows)
+        return jnp.minimum(dispatch.cumsum(sizes), num_rows)
     # saturating cumsum min(a + b, num_rows), no int32 intermediate overflows (~10x the ops)
     return jax.lax.associative_scan(lambda a, b: b + jnp.minimum(a, num_rows - b), sizes)
 

@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from moe_pallas import _backend
+from moe_pallas import _backend, dispatch
 from moe_pallas.activations import glu
 from moe_pallas.kernels import config as _config
 from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_ends, grouped_dims
@@ -188,7 +188,7 @@ def schedule(group_ends: jax.Array, num_rows: int, block_m: int) -> Schedule:
     starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
     first8 = starts // 8
     tiles = jnp.where(ends > starts, (ends - 8 * first8 + block_m - 1) // block_m, 0)
-    visit_end = jnp.cumsum(tiles)
+    visit_end = dispatch.cumsum(tiles)
     groups = min(num_groups + 1, num_rows)
     v = jnp.arange((num_rows + groups * (block_m + 6)) // block_m, dtype=jnp.int32)
     group = jnp.searchsorted(visit_end, v, side="right").astype(jnp.int32)
