@@ -1,0 +1,223 @@
+"""Transposed grouped matmul: out[g] = lhs[rows of g]ᵀ @ rhs[rows of g], Pallas Triton lowering.
+
+Math. Rows m in [0, M) are split into contiguous groups by `group_sizes`; for each group g,
+`out[g] = Σ_{m in g} lhs[src(m)]ᵀ ⊗ rhs[m]` (`[K, N]`, float32 accumulation), where
+src(m) = lhs_row_index[m] if given (gathered in the kernel) else m. This is the weight gradient of
+`gmm`. Empty groups give exact zeros; rows past sum(group_sizes) contribute nothing. With
+rhs_sums, also `sums[g] = Σ_{m in g} rhs[m]` (`[N]`, float32; a bias gradient): lhs is copied
+with a column of ones at index K (padded to K + 8 columns, so rows stay 16-byte aligned), so the
+sums are row K of the product, computed by the same dots (in the K tail of the last k-tile, which
+is masked anyway when block_k does not divide K, else one more k-tile), and the programs of that
+k-tile store that row; no second pass over rhs. On the H200 (gpt-oss fwd+bwd at T = 2048,
+2026-12-01 traces) the layer took 62.03 ms per 10 steps this way against 63.12 with two separate
+sum kernels; setting the ones in the kernel instead (a select on every loaded lhs tile, which
+sends the dot operand through registers) made both weight-gradient calls 15% slower.
+
+Tiling. A 3-D grid (n-chunk, k-tile, group), n fastest so that the programs of one group run
+together and share its rows from L2. Each program owns `group_m` consecutive [block_k, block_n]
+output tiles of one k-tile. A group of at most block_m rows (one row step; at T = 2048 about half
+of them) loads its lhs tile once and loops over the tiles loading only rhs. Larger groups walk the
+tiles in one loop over (tile, row step) pairs, the group's rows in block_m steps (a dynamic trip
+count; the last step is masked, the group start need not be aligned): with a few dozen rows per
+group a program per tile would be a two-step loop, all latency and no pipelining, so the chunk
+keeps loads in flight across tiles. K and N tails are masked. On the H200 the loads and the
+stores barely overlap (probes at gpt-oss d w_gate_up, T = 2048: the loop's loads and dots alone
+1.02 ms, its stores alone 1.00 ms, together 1.63 ms), so fewer loads pay: loading lhs once per
+one-step group took that case to 1.55 ms and d w_down from 0.86 to 0.81 ms (2026-12-01,
+benchmarks/results/2026-12-01_h200_session8/).
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from moe_pallas import _backend
+from moe_pallas.kernels import config as _config
+from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_ends
+
+HELD_STEPS = 1
+
+
+def _tgmm_kernel(
+    *refs,
+    k_dim: int,
+    n_dim: int,
+    cfg: _config.BlockConfig,
+    gather: bool,
+    rhs_sums: bool,
+    compute_dtype,
+):
+    it = iter(refs)
+    group_offsets_ref = next(it)
+    row_index_ref = next(it) if gather else None
+    lhs_ref, rhs_ref, out_ref = next(it), next(it), next(it)
+    sums_ref = next(it) if rhs_sums else None
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    n_tiles = pl.cdiv(n_dim, bn)
+    first_tile = pl.program_id(0) * cfg.group_m
+    num_tiles = jnp.minimum(cfg.group_m, n_tiles - first_tile)
+    k0 = pl.program_id(1) * bk
+    g = pl.program_id(2)
+    start, end = group_offsets_ref[g], group_offsets_ref[g + 1]
+    steps = pl.cdiv(end - start, bm)
+    ks = k0 + jnp.arange(bk, dtype=jnp.int32)
+    lhs_cols = lhs_ref.shape[1]  # K, or more with the ones column
+    k_tail = bool(k_dim % bk) or rhs_sums
+    k_mask = (ks < lhs_cols)[None, :] if lhs_cols % bk else None
+    sums_tile = pl.program_id(1) == k_dim // bk  # the k-tile holding the ones column
+
+    def store(tile, acc):
+        ns = tile * bn + jnp.arange(bn, dtype=jnp.int32)
+        mask = None
+        if k_tail or n_dim % bn:
+            mask = (ks < k_dim)[:, None] & (ns < n_dim)[None, :]
+        plgpu.store(
+            out_ref.at[g, pl.ds(k0, bk), pl.ds(tile * bn, bn)], acc.astype(out_ref.dtype), mask=mask
+        )
+        if rhs_sums:
+
+            @pl.when(sums_tile)
+            def _sums():
+                row = jnp.sum(jnp.where((ks == k_dim)[:, None], acc, 0.0), axis=0)
+                plgpu.store(
+                    sums_ref.at[g, pl.ds(tile * bn, bn)],
+                    row,
+                    mask=None if n_dim % bn == 0 else ns < n_dim,
+                )
+
+    def in_group(r0, rows):  # [rows, 1]: which of the rows from r0 belong to the group
+        return (r0 + jnp.arange(rows, dtype=jnp.int32) < end)[:, None]
+
+    def load_a(r0, rows):  # [rows, bk] rows r0.. of lhs (gathered), zero outside the group
+        row_ok = in_group(r0, rows)
+        a_mask = row_ok if k_mask is None else row_ok & k_mask
+        if gather:
+            src = plgpu.load(row_index_ref.at[pl.ds(r0, rows)], mask=row_ok[:, 0], other=0)
+            a = plgpu.load(lhs_ref.at[src[:, None], ks[None, :]], mask=a_mask, other=0)
+        else:
+            a = plgpu.load(lhs_ref.at[pl.ds(r0, rows), pl.ds(k0, bk)], mask=a_mask, other=0)
+        return a.astype(compute_dtype)
+
+    def load_b(r0, rows, tile):  # [rows, bn] rows r0.. of rhs at n-tile `tile`, zero outside
+        row_ok = in_group(r0, rows)
+        ns = tile * bn + jnp.arange(bn, dtype=jnp.int32)
+        b_mask = row_ok if n_dim % bn == 0 else row_ok & (ns < n_dim)[None, :]
+        b = plgpu.load(rhs_ref.at[pl.ds(r0, rows), pl.ds(tile * bn, bn)], mask=b_mask, other=0)
+        return b.astype(compute_dtype)
+
+    # Groups of at most HELD_STEPS row steps hold their lhs rows (loaded once) and loop over the
+    # n-tiles loading only rhs. The last step is `tail` rows deep, the smallest of the config's
+    # paths (block_m, block_m/2, ..., min_block_m) covering the group's last rows.
+    paths = cfg.m_paths()
+    tail = end - start - jnp.maximum(steps - 1, 0) * bm
+    for i, p in enumerate(paths):
+        fits = tail <= p if i > 0 else True
+        if i < len(paths) - 1:
+            fits = fits & (tail > p // 2)
+        for full in range(HELD_STEPS):
+
+            @pl.when(fits & (jnp.maximum(steps, 1) == full + 1))
+            def _held(p=p, full=full):
+                r_tail = start + full * bm
+                a_tail = load_a(r_tail, p)
+                a_full = [load_a(start + s * bm, bm) for s in range(full)]
+
+                @pl.loop(0, num_tiles)
+                def _tile(j):
+                    tile = first_tile + j
+                    acc = plgpu.dot(a_tail, load_b(r_tail, p, tile), trans_a=True)
+                    for s, a in enumerate(a_full):
+                        acc += plgpu.dot(a, load_b(start + s * bm, bm, tile), trans_a=True)
+                    store(tile, acc)
+
+    @pl.when(steps > HELD_STEPS)
+    def _row_steps():
+        def body(it, acc):
+            j = jax.lax.div(it, steps)
+            i = it - j * steps
+            r0 = start + i * bm
+            tile = first_tile + j
+            acc = jnp.where(i == 0, 0.0, acc) + plgpu.dot(
+                load_a(r0, bm), load_b(r0, bm, tile), trans_a=True
+            )
+
+            @pl.when(i == steps - 1)
+            def _last_step():
+                store(tile, acc)
+
+            return acc
+
+        jax.lax.fori_loop(0, steps * num_tiles, body, jnp.zeros((bk, bn), jnp.float32))
+
+
+def tgmm(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    lhs_row_index: jax.Array | None = None,
+    num_groups: int | None = None,
+    out_dtype=None,
+    config: _config.BlockConfig | None = None,
+    rhs_sums: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """`[G, K, N]` per-group products `lhs[rows of g]ᵀ @ rhs[rows of g]` (module docstring), and
+    with rhs_sums also the `[G, N]` float32 per-group sums of rhs's rows (returns a pair).
+
+    lhs `[M_src, K]` (row m read as lhs[lhs_row_index[m]] when lhs_row_index `[M]` is given, else
+    M_src = M); rhs `[M, N]`; group_sizes `[≥G]` int32 (the first num_groups are used, default all).
+    """
+    if lhs.ndim != 2 or rhs.ndim != 2:
+        raise ValueError(f"tgmm needs lhs [M, K] and rhs [M, N]; got {lhs.shape}, {rhs.shape}.")
+    gather = lhs_row_index is not None
+    num_rows = rhs.shape[0]
+    if (lhs_row_index.shape[0] if gather else lhs.shape[0]) != num_rows:
+        raise ValueError(
+            f"tgmm contracts over rows: lhs{' row index' if gather else ''} and rhs "
+            f"({rhs.shape[0]} rows) must have the same number of rows."
+        )
+    num_groups = group_sizes.shape[0] if num_groups is None else num_groups
+    k_dim, n_dim = lhs.shape[1], rhs.shape[1]
+    out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
+    check_int32_sizes("tgmm", lhs=lhs.shape, rhs=rhs.shape, out=(num_groups, k_dim, n_dim))
+    if num_groups == 0 or k_dim == 0 or n_dim == 0 or num_rows == 0:
+        out = jnp.zeros((num_groups, k_dim, n_dim), out_dtype)
+        return (out, jnp.zeros((num_groups, n_dim), jnp.float32)) if rhs_sums else out
+    cfg = (config or _config.pick("tgmm", num_rows, num_groups, k_dim, n_dim)).fit(
+        num_rows, k_dim + rhs_sums, n_dim
+    )
+    if rhs_sums:
+        extra = jnp.zeros((lhs.shape[0], 8), lhs.dtype).at[:, 0].set(1)
+        lhs = jnp.concatenate([lhs, extra], axis=1)
+    group_ends = clamp_group_ends(group_sizes[:num_groups], num_rows)
+    group_offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), group_ends])
+    operands = [group_offsets]
+    if gather:
+        operands.append(lhs_row_index.astype(jnp.int32))
+    kernel = functools.partial(
+        _tgmm_kernel,
+        k_dim=k_dim,
+        n_dim=n_dim,
+        cfg=cfg,
+        gather=gather,
+        rhs_sums=rhs_sums,
+        compute_dtype=jnp.promote_types(lhs.dtype, rhs.dtype),
+    )
+    out_shape = jax.ShapeDtypeStruct((num_groups, k_dim, n_dim), out_dtype)
+    if rhs_sums:
+        out_shape = (out_shape, jax.ShapeDtypeStruct((num_groups, n_dim), jnp.float32))
+    return pl.pallas_call(
+        kernel,
+        out_shape=out_shape,
+        grid=(
+            pl.cdiv(pl.cdiv(n_dim, cfg.block_n), cfg.group_m),
+            pl.cdiv(k_dim + rhs_sums, cfg.block_k),
+            num_groups,
+        ),
+        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        interpret=_backend.interpret_mode(),
+        name="tgmm",
+    )(*operands, lhs, rhs)
