@@ -6,7 +6,7 @@ case $1 in
 2)  # code 09b908c
     timeout 300 python3 probe_multi.py   # (multi.py beside it)
     timeout 100 python3 benchmarks/profile_layer.py --out /tmp --cases gptoss:1,swiglu256:1 --modes fwd ;;
-5)  # code 09b908c with moe_pallas/kernels/tgmm.py replaced by tgmm_held_steps.py
+5)  # code 09b908c with tgmm_held_steps.diff applied to moe_pallas/kernels/tgmm.py
     timeout 330 python3 probe_tails.py gptoss:gate_up:2048,gptoss:down:2048 1:-:64:3,1:16:64:3,2:-:64:3,2:16:64:3,2:16:64:2
     timeout 150 python3 probe_tails.py gptoss:gate_up:4096 1:-:64:3,2:16:64:3,3:16:64:3 ;;
 6)  # _ab/head = `git archive 09b908c moe_pallas`; the working tree at 1b30c58
