@@ -28,3 +28,7 @@ esac
 # Calls 3 and 4 compiled the backward's kernels under XLA_FLAGS=--xla_dump_to (and
 # --xla_gpu_dump_llvmir) to read their PTX: XLA wrote no .ptx or .ll files; not pursued.
 # Call 10 (code 1b30c58): PYTHONPATH=. python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 200 tests/test_fused.py --durations=8
+# Call 11 (package as at 1b30c58): for f in "" '--legacy_command_buffer_custom_call_targets=__gpu$xla.gpu.triton'; do
+#   XLA_FLAGS="$f" timeout 70 python3 probe_dispatch.py; done
+# Call 12: the gpt-oss T = 1 layer compiled under XLA_FLAGS=--xla_dump_to=/tmp/d3; its
+#   *thunk_sequence.txt printed (call11_log.txt)
