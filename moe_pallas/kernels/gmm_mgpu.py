@@ -125,11 +125,16 @@ class MosaicConfig:
 # `kernels.config.rows_class`, K, N) of a plain gmm (no row gather, no GLU, rhs not transposed)
 # -> its config. Every other call, and every call off sm90, stays on Triton.
 AUTO_TABLE: dict[tuple[str, int, int], MosaicConfig] = {
-    # gpt-oss down projection at T = 16384 (512 rows per expert), with the layer's bias and
-    # routing weight: 2.170 ms against Triton's 2.225 (501 vs 489 TFLOP/s;
-    # benchmarks/results/2026-12-01_h200_session6/, call 4). SwiGLU's down at T = 8192 stays on
-    # Triton (2.520 ms against Mosaic's best 2.806).
-    ("large", 2880, 2880): MosaicConfig(128, 256, 64, num_stages=3, grid_tile_n=4),
+    # At 512 rows per expert (gpt-oss T = 16384), two consumers over 64-row halves of a 128-row
+    # CTA tile, 192 (256 fitted) columns wide, 4 stages (benchmarks/results/
+    # 2026-12-01_h200_session10/, calls 1-3): the down projection with the layer's bias and routing
+    # weight 2.135 ms against 2.244 for the previous entry (128 x 256 tiles, one warpgroup) and
+    # 2.273 for Triton; a plain gate_up (N = 5760) 4.024 / 4.236 ms in two calls against Triton's
+    # 4.228 / 4.372. SwiGLU stays on Triton: its down 2.495 against Mosaic's best 2.634, its plain
+    # gate_up 4.446 against 4.719 (at N = 4096 the tile keeps 256 columns, whose 4 stages exceed
+    # shared memory; 3 stages are slower than Triton).
+    ("large", 2880, 2880): MosaicConfig(64, 256, 64, num_stages=4, consumers=2, split="m"),
+    ("large", 2880, 5760): MosaicConfig(64, 256, 64, num_stages=4, consumers=2, split="m"),
 }
 
 
