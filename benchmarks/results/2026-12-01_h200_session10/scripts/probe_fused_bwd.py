@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from benchmarks.bench_gmm import time_op
+from probe_common import fused_dw_dx_loop, record
 from moe_pallas import _backend, dispatch
 
 gmm_mod = importlib.import_module("moe_pallas.kernels.gmm")
@@ -30,18 +30,9 @@ def _kernel(x_ref, dh_ref, w_ref, dw_ref, dx_ref, *, rows, bk, bn, k_dim, n_dim)
     kmask = (k0 + jnp.arange(bk, dtype=jnp.int32)) < k_dim
     x = plgpu.load(x_ref.at[pl.ds(r0, rows), pl.ds(k0, bk)], mask=kmask[None, :], other=0)
 
-    def body(nt, dx_acc):
-        n0 = nt * bn
-        dh = plgpu.load(dh_ref.at[pl.ds(r0, rows), pl.ds(n0, bn)])
-        w = plgpu.load(w_ref.at[e, pl.ds(k0, bk), pl.ds(n0, bn)], mask=kmask[:, None], other=0)
-        dw = plgpu.dot(x, dh, trans_a=True)
-        plgpu.store(
-            dw_ref.at[e, pl.ds(k0, bk), pl.ds(n0, bn)], dw.astype(dw_ref.dtype),
-            mask=kmask[:, None],
-        )
-        return dx_acc + plgpu.dot(dh, w, trans_b=True)
-
-    dx = jax.lax.fori_loop(0, n_dim // bn, body, jnp.zeros((rows, bk), jnp.float32))
+    dx = fused_dw_dx_loop(
+        x, dh_ref, w_ref, dw_ref, e=e, r0=r0, rows=rows, k0=k0, kmask=kmask, bn=bn, n_dim=n_dim
+    )
     plgpu.store(
         dx_ref.at[pl.ds(r0, rows), pl.ds(k0, bk)], dx.astype(dx_ref.dtype), mask=kmask[None, :]
     )
@@ -88,14 +79,7 @@ def main():
         dw_ref = tgmm_mod.tgmm(x, dh, sizes)
         dx_ref = gmm_mod.gmm(dh, w, sizes, transpose_rhs=True)
 
-        def rec(label, fn, *args):
-            try:
-                s = time_op(lambda c, *a: fn(*a), jnp.zeros((1,), jnp.float32), *args)
-                row = dict(shape=name, impl=label, ms=s * 1e3)
-            except Exception as ex:  # noqa: BLE001
-                row = dict(shape=name, impl=label, error=f"{type(ex).__name__}: {str(ex)[:300]}")
-            print(json.dumps(row), flush=True)
-            out.append(row)
+        rec = functools.partial(record, out, name)
 
         if not small:
             rec("tgmm", lambda a, b, g: tgmm_mod.tgmm(a, b, g), x, dh, sizes)

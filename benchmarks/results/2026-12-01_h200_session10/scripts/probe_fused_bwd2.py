@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from benchmarks.bench_gmm import time_op
+from probe_common import fused_dw_dx_loop, record
 from moe_pallas import _backend, dispatch
 
 gmm_mod = importlib.import_module("moe_pallas.kernels.gmm")
@@ -31,18 +31,10 @@ def _kernel(off_ref, idx_ref, x_ref, dh_ref, w_ref, dw_ref, dx_ref, *, bm, bk, b
     src = plgpu.load(idx_ref.at[pl.ds(start, bm)], mask=row_ok, other=0)
     x = plgpu.load(x_ref.at[src[:, None], ks[None, :]], mask=row_ok[:, None] & kmask[None, :], other=0)
 
-    def body(nt, dx_acc):
-        n0 = nt * bn
-        dh = plgpu.load(dh_ref.at[pl.ds(start, bm), pl.ds(n0, bn)], mask=row_ok[:, None], other=0)
-        w = plgpu.load(w_ref.at[e, pl.ds(k0, bk), pl.ds(n0, bn)], mask=kmask[:, None], other=0)
-        dw = plgpu.dot(x, dh, trans_a=True)
-        plgpu.store(
-            dw_ref.at[e, pl.ds(k0, bk), pl.ds(n0, bn)], dw.astype(dw_ref.dtype),
-            mask=kmask[:, None],
-        )
-        return dx_acc + plgpu.dot(dh, w, trans_b=True)
-
-    dx = jax.lax.fori_loop(0, n_dim // bn, body, jnp.zeros((bm, bk), jnp.float32))
+    dx = fused_dw_dx_loop(
+        x, dh_ref, w_ref, dw_ref, e=e, r0=start, rows=bm, k0=k0, kmask=kmask, bn=bn, n_dim=n_dim,
+        row_ok=row_ok,
+    )
     plgpu.store(
         dx_ref.at[pl.ds(start, bm), pl.ds(k0, bk)], dx.astype(dx_ref.dtype),
         mask=row_ok[:, None] & kmask[None, :],
@@ -94,14 +86,7 @@ def main():
         dw_ref = tgmm_mod.tgmm(x, dh, sizes, lhs_row_index=d.row_token)
         dx_ref = gmm_mod.gmm(dh, w, sizes, transpose_rhs=True)
 
-        def rec(label, fn, *args):
-            try:
-                s = time_op(lambda c, *a: fn(*a), jnp.zeros((1,), jnp.float32), *args)
-                row = dict(shape=name, impl=label, ms=s * 1e3)
-            except Exception as ex:  # noqa: BLE001
-                row = dict(shape=name, impl=label, error=f"{type(ex).__name__}: {str(ex)[:300]}")
-            print(json.dumps(row), flush=True)
-            out.append(row)
+        rec = functools.partial(record, out, name)
 
         if not small:
             rec("tgmm", lambda a, b, g, r: tgmm_mod.tgmm(a, b, g, lhs_row_index=r), x, dh, sizes, d.row_token)

@@ -6,7 +6,7 @@ import functools, importlib, json, os, sys
 import jax, jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
-from benchmarks.bench_gmm import time_op
+from probe_common import record
 from moe_pallas import _backend, dispatch
 
 gmm_mod = importlib.import_module("moe_pallas.kernels.gmm")
@@ -90,14 +90,7 @@ def main():
         rhs = (jax.random.normal(k2, (e, k_dim, n_dim), jnp.bfloat16) * 0.05).astype(jnp.bfloat16)
         ref = gmm_mod.gmm(lhs, rhs, sizes)
 
-        def rec(label, fn, *args):
-            try:
-                s = time_op(lambda c, *a: fn(*a), jnp.zeros((1,), jnp.float32), *args)
-                row = dict(shape=name, impl=label, ms=s * 1e3)
-            except Exception as ex:  # noqa: BLE001
-                row = dict(shape=name, impl=label, error=f"{type(ex).__name__}: {str(ex)[:300]}")
-            print(json.dumps(row), flush=True)
-            out.append(row)
+        rec = functools.partial(record, out, name)
 
         if not small:
             rec("gmm", lambda a, b, g: gmm_mod.gmm(a, b, g), lhs, rhs, sizes)
