@@ -470,6 +470,25 @@ def test_auto_runs_mosaic_gpu_on_the_table_shapes_only(tokens, mosaic_kernels):
     assert grad_text.count("mosaic_gpu_v2") == mosaic_kernels
 
 
+@pytest.mark.parametrize("key", sorted(gmm_mgpu.AUTO_TABLE))
+def test_auto_table_entries_lower_for_h200(key):
+    """Every AUTO_TABLE entry, with the bias and row scale of the layer's down call, lowers for an
+    H200 at a shape of its rows class (512 rows per group, 128 groups): its tiles divide K and N
+    and its TMA ring fits in shared memory."""
+    from moe_pallas import ops
+
+    rows_class, k, n = key
+    assert rows_class == "large"  # the rows per group below; extend for other classes
+    groups = 128
+    rows = 512 * groups
+    fn = lambda lhs, rhs, sizes, bias, row_scale: ops.gmm_on_backend(
+        "auto", lhs, rhs, sizes, bias=bias, row_scale=row_scale
+    )
+    args = (SDS((rows, k), BF16), SDS((groups, k, n), BF16), SDS((groups,), jnp.int32))
+    text = _lower_for_h200(fn, *args, SDS((groups, n), BF16), SDS((rows,), jnp.float32))
+    assert text.count("mosaic_gpu_v2") == 1 and "__gpu$xla.gpu.triton" not in text
+
+
 def test_auto_table_hit_runs_mosaic_gpu_and_matches_triton(monkeypatch):
     """A plain gmm whose shape is in AUTO_TABLE runs the Mosaic GPU kernel with the table's
     config (interpret mode here) and equals Triton's result; the same shape with a row gather
