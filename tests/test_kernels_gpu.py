@@ -89,3 +89,30 @@ def test_ragged_dot_grads_and_vmap_on_gpu():
         assert rel_err(got, np.asarray(want, np.float64)) < 3e-3  # tf32 dots
     out = jax.vmap(lambda a: moe_pallas.ragged_dot(a, rhs, sizes))(jnp.stack([lhs, -lhs]))
     assert rel_err(out[1], -gmm64(lhs, rhs, sizes)) < 3e-3
+
+
+@pytest.mark.parametrize("n_dim", [2880, 5760])
+def test_auto_table_shapes_match_triton(n_dim):
+    """The gpt-oss shapes "auto" sends to Mosaic GPU on Hopper (kernels.gmm_mgpu.AUTO_TABLE: 512
+    rows per expert, K = 2880): the same products as Triton's kernel, with the layer's bias and
+    routing weight, and against the float64 oracle. Off Hopper both calls run Triton."""
+    from moe_pallas import _backend, ops
+
+    keys = jax.random.split(jax.random.key(11), 5)  # on the device: w has 2.1e9 entries
+    d = dispatch(jax.random.randint(keys[0], (16384, 4), 0, 128, jnp.int32), 128)
+    lhs = jax.random.normal(keys[1], (65536, 2880), jnp.bfloat16)
+    w = (jax.random.normal(keys[2], (128, 2880, n_dim), jnp.float32) / 54).astype(jnp.bfloat16)
+    bias = jax.random.normal(keys[3], (128, n_dim), jnp.bfloat16)
+    row_scale = jax.random.uniform(keys[4], (65536,), jnp.float32, 0.5, 1.5)
+    kwargs = {"bias": bias, "row_scale": row_scale, "out_dtype": jnp.float32}
+    auto = _backend.resolve("auto")
+    got = jax.jit(lambda *a: ops.gmm_on_backend(auto, *a, **kwargs))(lhs, w, d.group_sizes)
+    want = jax.jit(lambda *a: ops.gmm_on_backend("pallas_triton", *a, **kwargs))(
+        lhs, w, d.group_sizes
+    )
+    assert rel_err(got, np.asarray(want, np.float64)) < 1e-6
+    # The float64 oracle on the first 8 experts' rows (all of w in float64 would be 17 GB).
+    sizes = np.asarray(d.group_sizes)[:8]
+    rows = int(sizes.sum())
+    ref = gmm64(lhs[:rows], w[:8], sizes, bias=bias[:8], row_scale=row_scale[:rows])
+    assert rel_err(got[:rows], ref) < 1e-2
