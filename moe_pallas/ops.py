@@ -57,15 +57,17 @@ def _mosaic(backend: str, *operands: jax.Array) -> bool:
     return backend == "mosaic_gpu" and _gmm_mgpu.accepts(*operands)
 
 
-def _mosaic_gmm(backend, lhs, rhs, plain: bool):
+def _mosaic_gmm(backend, lhs, rhs, plain: bool, out_dtype):
     """(whether a gmm runs on Mosaic GPU, its config or None for the default): every call wgmma
     takes under "mosaic_gpu"; under "auto" (Hopper) a plain gmm (no row gather, no GLU, rhs not
-    transposed) whose shape is in AUTO_TABLE, with the table's config."""
+    transposed) whose shape and output dtype are in AUTO_TABLE, with the table's config."""
     if _mosaic(backend, lhs, rhs):
         return True, None
     if backend == "auto" and plain and _gmm_mgpu.accepts(lhs, rhs):
         num_groups, k_dim, n_dim = rhs.shape
-        config = _gmm_mgpu.auto_config(lhs.shape[0], num_groups, k_dim, n_dim)
+        config = _gmm_mgpu.auto_config(
+            lhs.shape[0], num_groups, k_dim, n_dim, jnp.dtype(out_dtype or lhs.dtype)
+        )
         return config is not None, config
     return False, None
 
@@ -105,7 +107,7 @@ def gmm_on_backend(backend, lhs, rhs, group_sizes, *, lhs_row_index=None, **kwar
     plain = (
         lhs_row_index is None and not kwargs.get("activation") and not kwargs.get("transpose_rhs")
     )
-    mosaic, config = _mosaic_gmm(backend, lhs, rhs, plain)
+    mosaic, config = _mosaic_gmm(backend, lhs, rhs, plain, kwargs.get("out_dtype"))
     if mosaic:
         lhs = lhs if lhs_row_index is None else lhs[lhs_row_index]
         return _gmm_mgpu.gmm(lhs, rhs, group_sizes, config=config, **kwargs)

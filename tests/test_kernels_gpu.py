@@ -1,5 +1,7 @@
 """Compiled (Triton) kernels at the workloads' awkward sizes: K = 2880 = 45·64, N = 5760, tails."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -94,8 +96,9 @@ def test_ragged_dot_grads_and_vmap_on_gpu():
 @pytest.mark.parametrize("n_dim", [2880, 5760])
 def test_auto_table_shapes_match_triton(n_dim):
     """The gpt-oss shapes "auto" sends to Mosaic GPU on Hopper (kernels.gmm_mgpu.AUTO_TABLE: 512
-    rows per expert, K = 2880): the same products as Triton's kernel, with the layer's bias and
-    routing weight, and against the float64 oracle. Off Hopper both calls run Triton."""
+    rows per expert, K = 2880, bf16 out): the same products as Triton's kernel, with the layer's
+    bias and routing weight, and against the float64 oracle; a float32 output (Triton under
+    "auto") too. Off Hopper every call runs Triton."""
     from moe_pallas import _backend, ops
 
     keys = jax.random.split(jax.random.key(11), 5)  # on the device: w has 2.1e9 entries
@@ -104,15 +107,16 @@ def test_auto_table_shapes_match_triton(n_dim):
     w = (jax.random.normal(keys[2], (128, 2880, n_dim), jnp.float32) / 54).astype(jnp.bfloat16)
     bias = jax.random.normal(keys[3], (128, n_dim), jnp.bfloat16)
     row_scale = jax.random.uniform(keys[4], (65536,), jnp.float32, 0.5, 1.5)
-    kwargs = {"bias": bias, "row_scale": row_scale, "out_dtype": jnp.float32}
-    auto = _backend.resolve("auto")
-    got = jax.jit(lambda *a: ops.gmm_on_backend(auto, *a, **kwargs))(lhs, w, d.group_sizes)
-    want = jax.jit(lambda *a: ops.gmm_on_backend("pallas_triton", *a, **kwargs))(
-        lhs, w, d.group_sizes
-    )
-    assert rel_err(got, np.asarray(want, np.float64)) < 1e-6
     # The float64 oracle on the first 8 experts' rows (all of w in float64 would be 17 GB).
     sizes = np.asarray(d.group_sizes)[:8]
     rows = int(sizes.sum())
     ref = gmm64(lhs[:rows], w[:8], sizes, bias=bias[:8], row_scale=row_scale[:rows])
-    assert rel_err(got[:rows], ref) < 1e-2
+    auto = _backend.resolve("auto")
+    for out_dtype in (jnp.bfloat16, jnp.float32):
+        kwargs = {"bias": bias, "row_scale": row_scale, "out_dtype": out_dtype}
+        got, want = (
+            jax.jit(functools.partial(ops.gmm_on_backend, b, **kwargs))(lhs, w, d.group_sizes)
+            for b in (auto, "pallas_triton")
+        )
+        assert rel_err(got, np.asarray(want, np.float64)) < 1e-6
+        assert rel_err(got[:rows], ref) < 1e-2

@@ -123,7 +123,7 @@ class MosaicConfig:
 # The shapes where implementation="auto" runs this kernel instead of Triton's on Hopper, each
 # measured faster on the H200 by benchmarks/bench_gmm_mgpu.py: (rows class of
 # `kernels.config.rows_class`, K, N) of a plain gmm (no row gather, no GLU, rhs not transposed)
-# -> its config. Every other call, and every call off sm90, stays on Triton.
+# with a 16-bit output -> its config. Every other call, and every call off sm90, stays on Triton.
 AUTO_TABLE: dict[tuple[str, int, int], MosaicConfig] = {
     # At 512 rows per expert (gpt-oss T = 16384), two consumers over 64-row halves of a 128-row
     # CTA tile, 192 (256 fitted) columns wide, 4 stages (benchmarks/results/
@@ -138,8 +138,12 @@ AUTO_TABLE: dict[tuple[str, int, int], MosaicConfig] = {
 }
 
 
-def auto_config(num_rows: int, num_groups: int, k: int, n: int) -> MosaicConfig | None:
-    """AUTO_TABLE's config for a plain gmm of this shape, or None (Triton runs it)."""
+def auto_config(num_rows: int, num_groups: int, k: int, n: int, out_dtype) -> MosaicConfig | None:
+    """AUTO_TABLE's config for a plain gmm of this shape, or None (Triton runs it). The entries
+    were measured with 16-bit outputs; a float32 output doubles the tile's store buffer, which
+    takes the 4-stage entries past the H200's shared memory, so it stays on Triton."""
+    if jnp.dtype(out_dtype).itemsize != 2:
+        return None
     return AUTO_TABLE.get((_config.rows_class(num_rows, num_groups), k, n))
 
 
