@@ -18,3 +18,7 @@ timeout 200 python3 _ab/probe_auto16384.py
 timeout 400 python3 _ab/probe_persist.py
 # 7 (25520e2): all four suites with the peers (carry .peers)
 BENCH_COMMIT=25520e2 bash benchmarks/gpu_run.sh --suite gptoss,swiglu256,decode,train --impls moe_pallas:auto,tokamax,torch._grouped_mm,jax.lax.ragged_dot --out $OUT/suites --time-limit 480
+# 8 (815fde2): the GPU tests of the kernels, with the new AUTO_TABLE test
+timeout 280 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py -p no:cacheprovider
+# 9 (d313427): the AUTO_TABLE test after the float32 fix
+timeout 200 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py -k auto_table -p no:cacheprovider
