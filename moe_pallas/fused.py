@@ -36,6 +36,11 @@ extra traffic (g written and read once in float32) is small next to the weights.
 1.691 (1.591) vs 1.362 (benchmarks/results/2026-11-30_h200_session4/). The elementwise pass is a
 Triton kernel reading h and g once: XLA's fusions of it took three kernels, 0.23 ms at gpt-oss
 T = 2048 (2026-12-01 trace), for ~330 MB of traffic (~0.07 ms at 4.8 TB/s).
+dx's gmm and d_w_gate_up's tgmm read the same dh rows, but one kernel doing both (a program per
+(k-tile, expert) holding x's tile, each dh tile loaded once for both products) was slower on the
+H200 with the routing's ragged groups, whose 128-row tiles are half empty at T = 2048: gpt-oss
+2.95 ms against 1.63 + 1.12, SwiGLU 6.01 against 3.13 + 2.20 (faster only on equal 64-row groups,
+2.26 against 2.51; benchmarks/results/2026-12-01_h200_session10/).
 Per-expert bias sums come out of the weight gradients' tgmm calls (a ones column in lhs, see
 `kernels.tgmm`): no scatter atomics anywhere, so forward and backward are bitwise reproducible run
 to run.
