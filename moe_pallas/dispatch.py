@@ -53,7 +53,7 @@ def dispatch(topk_idx: jax.Array, num_experts: int) -> Dispatch:
         .at[row_pair]
         .set(jnp.arange(num_pairs, dtype=jnp.int32), unique_indices=True)
     )
-    group_offsets = _searchsorted(
+    group_offsets = searchsorted(
         key[row_pair], jnp.arange(num_experts + 1, dtype=jnp.int32), side="left"
     )
     return Dispatch(
@@ -68,7 +68,7 @@ def dispatch(topk_idx: jax.Array, num_experts: int) -> Dispatch:
 _COMPARE_ALL_MAX = 1 << 26  # compares; past this the binary search's O(log n) launches are cheaper
 
 
-def _searchsorted(sorted_keys: jax.Array, queries: jax.Array, side: str) -> jax.Array:
+def searchsorted(sorted_keys: jax.Array, queries: jax.Array, side: str) -> jax.Array:
     """int32 `jnp.searchsorted`. compare_all (every query against every key) is one fused kernel,
     where the default binary search is a loop of small launches: on the H200 that loop cost
     ~0.1 ms per call at decode, where the whole layer takes ~0.16 ms. Huge inputs keep the search.
@@ -121,7 +121,7 @@ def schedule_from_ends(group_ends: jax.Array, num_rows: int, block_m: int) -> Ti
     tiles = (ends - starts + block_m - 1) // block_m
     visit_end = cumsum(tiles)
     v = jnp.arange(num_visits(num_rows, num_groups, block_m), dtype=jnp.int32)
-    group = _searchsorted(visit_end, v, side="right")
+    group = searchsorted(visit_end, v, side="right")
     used = group <= num_groups
     group = jnp.minimum(group, num_groups)
     m_start = starts[group] + (v - (visit_end[group] - tiles[group])) * block_m

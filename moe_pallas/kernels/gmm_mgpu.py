@@ -200,7 +200,7 @@ def schedule(group_ends: jax.Array, num_rows: int, block_m: int) -> Schedule:
     visit_end = dispatch.cumsum(tiles)
     groups = min(num_groups + 1, num_rows)
     v = jnp.arange((num_rows + groups * (block_m + 6)) // block_m, dtype=jnp.int32)
-    group = jnp.searchsorted(visit_end, v, side="right").astype(jnp.int32)
+    group = dispatch.searchsorted(visit_end, v, side="right")
     used = group <= num_groups
     group = jnp.minimum(group, num_groups)
     tile8 = first8[group] + (v - (visit_end[group] - tiles[group])) * (block_m // 8)
