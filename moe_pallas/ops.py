@@ -23,6 +23,7 @@ from moe_pallas.kernels import gmm as _gmm
 from moe_pallas.kernels import gmm_mgpu as _gmm_mgpu
 from moe_pallas.kernels import tgmm as _tgmm
 from moe_pallas.kernels import tgmm_mgpu as _tgmm_mgpu
+from moe_pallas.kernels import tgmm_padded as _tgmm_padded
 from moe_pallas.kernels.gmm import clamp_group_sizes
 
 
@@ -117,9 +118,19 @@ def gmm_on_backend(backend, lhs, rhs, group_sizes, *, lhs_row_index=None, **kwar
 def tgmm_on_backend(
     backend, lhs, rhs, group_sizes, *, lhs_row_index=None, out_dtype=None, rhs_sums=False
 ):
-    """`kernels.tgmm` on Mosaic GPU or Triton, chosen as in `gmm_on_backend`; with rhs_sums also
+    """`kernels.tgmm` on Mosaic GPU or Triton, chosen as in `gmm_on_backend`, or under "auto" at
+    16-128 rows per group `kernels.tgmm_padded` (a batched cuBLAS matmul); with rhs_sums also
     the [G, N] float32 per-group sums of rhs (Triton: in the same kernel; Mosaic GPU: the sums of
     a Triton tgmm whose lhs is one dummy column, so its own [G, 1, N] product is negligible)."""
+    if backend == "auto" and _tgmm_padded.applies(lhs, rhs, group_sizes.shape[0]):
+        return _tgmm_padded.tgmm(
+            lhs,
+            rhs,
+            group_sizes,
+            lhs_row_index=lhs_row_index,
+            out_dtype=out_dtype,
+            rhs_sums=rhs_sums,
+        )
     if _mosaic(backend, lhs, rhs):
         lhs = lhs if lhs_row_index is None else lhs[lhs_row_index]
         out = _tgmm_mgpu.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)

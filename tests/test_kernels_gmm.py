@@ -407,6 +407,52 @@ def test_tgmm_gather():
     assert rel_err(out, tgmm64(lhs, rhs, sizes, lhs_row_index=index)) < _tol(jnp.float32)
 
 
+@pytest.mark.parametrize("rhs_sums", [False, True])
+def test_tgmm_overflow_mode(rhs_sums):
+    """row_skip + accumulate: the rows of each group past its first row_skip are added to the
+    given arrays (one- and many-step groups); groups with no rows left keep theirs bit for bit."""
+    rng = np.random.default_rng(21)
+    sizes = np.array([5, 0, 40, 20, 9, 37], np.int32)  # row_skip 9: 0, 0, 31, 11, 0, 28 rows
+    m, k, n, g, skip = int(sizes.sum()) + 2, 40, 72, 6, 9
+    lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
+    rhs_np = rng.standard_normal((m, n))
+    rhs_np[m - 2 :] = np.nan  # past every group
+    rhs = jnp.asarray(rhs_np, jnp.float32)
+    out_init = jnp.asarray(rng.standard_normal((g, k, n)), jnp.float32)
+    sums_init = jnp.asarray(rng.standard_normal((g, n)), jnp.float32) if rhs_sums else None
+    got = tgmm(
+        lhs,
+        rhs,
+        jnp.asarray(sizes),
+        config=CFG,
+        rhs_sums=rhs_sums,
+        row_skip=skip,
+        accumulate=(out_init, sums_init),
+    )
+    out, sums = got if rhs_sums else (got, None)
+    kept = np.maximum(sizes - skip, 0)
+    starts = np.cumsum(sizes) - sizes + np.minimum(sizes, skip)
+    lhs64, rhs64 = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
+    want = np.asarray(out_init, np.float64).copy()
+    want_sums = None if sums_init is None else np.asarray(sums_init, np.float64).copy()
+    for e, (s0, r) in enumerate(zip(starts, kept)):
+        want[e] += lhs64[s0 : s0 + r].T @ rhs64[s0 : s0 + r]
+        if want_sums is not None:
+            want_sums[e] += rhs64[s0 : s0 + r].sum(0)
+    assert rel_err(out, want) < _tol(jnp.float32)
+    untouched = kept == 0
+    assert np.array_equal(np.asarray(out)[untouched], np.asarray(out_init)[untouched])
+    if rhs_sums:
+        assert rel_err(sums, want_sums) < _tol(jnp.float32)
+        assert np.array_equal(np.asarray(sums)[untouched], np.asarray(sums_init)[untouched])
+
+
+def test_tgmm_accumulate_must_match():
+    lhs, rhs = jnp.ones((8, 16), jnp.float32), jnp.ones((8, 16), jnp.float32)
+    with pytest.raises(ValueError, match="accumulate must be"):
+        tgmm(lhs, rhs, jnp.array([8]), accumulate=(jnp.zeros((1, 16, 8)), None))
+
+
 @pytest.mark.parametrize(
     "kernel, activation, k, n, want",
     [

@@ -25,6 +25,11 @@ stores barely overlap (probes at gpt-oss d w_gate_up, T = 2048: the loop's loads
 1.02 ms, its stores alone 1.00 ms, together 1.63 ms), so fewer loads pay: loading lhs once per
 one-step group took that case to 1.55 ms and d w_down from 0.86 to 0.81 ms (2026-12-01,
 benchmarks/results/2026-12-01_h200_session8/).
+
+Overflow mode (`row_skip`, `accumulate`): each group's first row_skip rows are left out and the
+products (and sums) are added to given arrays, aliased to the outputs; a group with no rows left
+is not touched, so a call costs only the groups that have rows past row_skip. This is how
+`kernels.tgmm_padded` adds the rows of a group beyond its capacity.
 """
 
 import functools
@@ -47,11 +52,17 @@ def _tgmm_kernel(
     gather: bool,
     rhs_sums: bool,
     compute_dtype,
+    row_skip: int,
+    accumulate: bool,
 ):
     it = iter(refs)
     group_offsets_ref = next(it)
     row_index_ref = next(it) if gather else None
-    lhs_ref, rhs_ref, out_ref = next(it), next(it), next(it)
+    lhs_ref, rhs_ref = next(it), next(it)
+    # The arrays added to (aliased to the outputs: read here, written through out_ref/sums_ref).
+    out_init_ref = next(it) if accumulate else None
+    sums_init_ref = next(it) if accumulate and rhs_sums else None
+    out_ref = next(it)
     sums_ref = next(it) if rhs_sums else None
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     n_tiles = pl.cdiv(n_dim, bn)
@@ -59,7 +70,8 @@ def _tgmm_kernel(
     num_tiles = jnp.minimum(cfg.group_m, n_tiles - first_tile)
     k0 = pl.program_id(1) * bk
     g = pl.program_id(2)
-    start, end = group_offsets_ref[g], group_offsets_ref[g + 1]
+    end = group_offsets_ref[g + 1]
+    start = jnp.minimum(group_offsets_ref[g] + row_skip, end)
     steps = pl.cdiv(end - start, bm)
     ks = k0 + jnp.arange(bk, dtype=jnp.int32)
     lhs_cols = lhs_ref.shape[1]  # K, or more with the ones column
@@ -72,19 +84,23 @@ def _tgmm_kernel(
         mask = None
         if k_tail or n_dim % bn:
             mask = (ks < k_dim)[:, None] & (ns < n_dim)[None, :]
-        plgpu.store(
-            out_ref.at[g, pl.ds(k0, bk), pl.ds(tile * bn, bn)], acc.astype(out_ref.dtype), mask=mask
-        )
+        window = (g, pl.ds(k0, bk), pl.ds(tile * bn, bn))
+        out = acc
+        if accumulate:
+            fill = {} if mask is None else {"other": 0}  # Triton takes `other` only with a mask
+            out = out + plgpu.load(out_init_ref.at[window], mask=mask, **fill).astype(out.dtype)
+        plgpu.store(out_ref.at[window], out.astype(out_ref.dtype), mask=mask)
         if rhs_sums:
 
             @pl.when(sums_tile)
             def _sums():
                 row = jnp.sum(jnp.where((ks == k_dim)[:, None], acc, 0.0), axis=0)
-                plgpu.store(
-                    sums_ref.at[g, pl.ds(tile * bn, bn)],
-                    row,
-                    mask=None if n_dim % bn == 0 else ns < n_dim,
-                )
+                sums_window = (g, pl.ds(tile * bn, bn))
+                sums_mask = None if n_dim % bn == 0 else ns < n_dim
+                if accumulate:
+                    fill = {} if sums_mask is None else {"other": 0}
+                    row = row + plgpu.load(sums_init_ref.at[sums_window], mask=sums_mask, **fill)
+                plgpu.store(sums_ref.at[sums_window], row, mask=sums_mask)
 
     def in_group(r0):  # [bm, 1]: which of the block_m rows from r0 belong to the group
         return (r0 + jnp.arange(bm, dtype=jnp.int32) < end)[:, None]
@@ -106,9 +122,10 @@ def _tgmm_kernel(
         b = plgpu.load(rhs_ref.at[pl.ds(r0, bm), pl.ds(tile * bn, bn)], mask=b_mask, other=0)
         return b.astype(compute_dtype)
 
-    # A group of at most block_m rows (empty ones too: all loads masked, exact zeros) is one row
-    # step: its lhs tile is loaded once and each n-tile loads only rhs, halving the loads.
-    @pl.when(steps <= 1)
+    # A group of at most block_m rows (empty ones too: all loads masked, exact zeros; skipped when
+    # accumulating) is one row step: its lhs tile is loaded once and each n-tile loads only rhs,
+    # halving the loads.
+    @pl.when((steps == 1) if accumulate else (steps <= 1))
     def _one_row_step():
         a = load_a(start)
 
@@ -149,12 +166,17 @@ def tgmm(
     out_dtype=None,
     config: _config.BlockConfig | None = None,
     rhs_sums: bool = False,
+    row_skip: int = 0,
+    accumulate: tuple[jax.Array, jax.Array | None] | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """`[G, K, N]` per-group products `lhs[rows of g]ᵀ @ rhs[rows of g]` (module docstring), and
     with rhs_sums also the `[G, N]` float32 per-group sums of rhs's rows (returns a pair).
 
     lhs `[M_src, K]` (row m read as lhs[lhs_row_index[m]] when lhs_row_index `[M]` is given, else
     M_src = M); rhs `[M, N]`; group_sizes `[≥G]` int32 (the first num_groups are used, default all).
+    Overflow mode (module docstring): row_skip leaves each group's first rows out; accumulate =
+    (out `[G, K, N]` in out_dtype, sums `[G, N]` float32 or None without rhs_sums) are the arrays
+    the results are added to (donate them: they are aliased to the outputs).
     """
     if lhs.ndim != 2 or rhs.ndim != 2:
         raise ValueError(f"tgmm needs lhs [M, K] and rhs [M, N]; got {lhs.shape}, {rhs.shape}.")
@@ -169,7 +191,17 @@ def tgmm(
     k_dim, n_dim = lhs.shape[1], rhs.shape[1]
     out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
     check_int32_sizes("tgmm", lhs=lhs.shape, rhs=rhs.shape, out=(num_groups, k_dim, n_dim))
+    if accumulate is not None:
+        want = [((num_groups, k_dim, n_dim), out_dtype)]
+        want += [((num_groups, n_dim), jnp.dtype(jnp.float32))] if rhs_sums else [None]
+        got = [None if a is None else (a.shape, a.dtype) for a in accumulate]
+        if len(accumulate) != 2 or got != want:
+            raise ValueError(
+                f"tgmm: accumulate must be (out, sums) of shapes and dtypes {want}, got {got}."
+            )
     if num_groups == 0 or k_dim == 0 or n_dim == 0 or num_rows == 0:
+        if accumulate is not None:
+            return accumulate if rhs_sums else accumulate[0]
         out = jnp.zeros((num_groups, k_dim, n_dim), out_dtype)
         return (out, jnp.zeros((num_groups, n_dim), jnp.float32)) if rhs_sums else out
     cfg = (config or _config.pick("tgmm", num_rows, num_groups, k_dim, n_dim)).fit(
@@ -183,6 +215,12 @@ def tgmm(
     operands = [group_offsets]
     if gather:
         operands.append(lhs_row_index.astype(jnp.int32))
+    operands += [lhs, rhs]
+    aliases = {}
+    if accumulate is not None:
+        inits = [a for a in accumulate if a is not None]
+        aliases = {len(operands) + i: i for i in range(len(inits))}
+        operands += inits
     kernel = functools.partial(
         _tgmm_kernel,
         k_dim=k_dim,
@@ -191,6 +229,8 @@ def tgmm(
         gather=gather,
         rhs_sums=rhs_sums,
         compute_dtype=jnp.promote_types(lhs.dtype, rhs.dtype),
+        row_skip=row_skip,
+        accumulate=accumulate is not None,
     )
     out_shape = jax.ShapeDtypeStruct((num_groups, k_dim, n_dim), out_dtype)
     if rhs_sums:
@@ -203,7 +243,8 @@ def tgmm(
             pl.cdiv(k_dim + rhs_sums, cfg.block_k),
             num_groups,
         ),
+        input_output_aliases=aliases,
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=_backend.interpret_mode(),
         name="tgmm",
-    )(*operands, lhs, rhs)
+    )(*operands)
