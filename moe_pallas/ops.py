@@ -167,7 +167,7 @@ def _tgmm_vjp(lhs, rhs, group_sizes, out_dtype, backend):
         return out.astype(out_dtype)
     if backend == "mosaic_gpu":
         return _tgmm_mgpu.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
-    return _tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
+    return tgmm_on_backend(backend, lhs, rhs, group_sizes, out_dtype=out_dtype)
 
 
 def _tgmm_fwd(lhs, rhs, group_sizes, out_dtype, backend):

@@ -70,6 +70,8 @@ def test_auto_backend_routes_here(monkeypatch):
     assert calls and rel_err(out, tgmm64(lhs, rhs, np.asarray(sizes))) < TOL[jnp.bfloat16]
     ops.tgmm_on_backend("pallas_triton", lhs, rhs, sizes)
     assert len(calls) == 1, "explicit Pallas backends keep the Triton tgmm"
+    ops._tgmm_vjp(lhs, rhs, sizes, jnp.bfloat16, "auto")  # moe_pallas.tgmm's "auto" on a GPU
+    assert len(calls) == 2
 
 
 @pytest.mark.parametrize("activation, mode", [("gptoss", "hot"), ("swiglu", "masked")])

@@ -11,12 +11,13 @@ outputs, which touches only such groups; nothing is dropped.
 
 Why. With a few dozen rows per group the weight gradient is bound by writing `[G, K, N]`, and
 cuBLAS's batched kernel writes faster than our Triton tgmm, whose loads and stores barely overlap
-(module docstring there). On the H200 (2026-12-01, benchmarks/results/2026-12-01_h200_session11/),
-gpt-oss d w_gate_up at T = 2048: 1.41 ms for the batched matmul against 1.70 for the Triton tgmm;
-the whole train step 5.94-6.38 ms against 6.39-6.58 (T = 2048) and 8.05-8.32 against 9.13-10.04
-(T = 4096). So `implementation="auto"` takes this path for 16-bit operands at 16-128 rows per
-group (`applies`); at more rows the problem is compute bound and the slabs' padding would cost
-FLOPs, and explicit Pallas backends keep the Triton kernel.
+(module docstring there). On the H200 (2026-12-01, benchmarks/results/2026-12-01_h200_session11/):
+gpt-oss d w_gate_up at T = 2048 1.41 ms for the batched matmul alone against 1.70 for the Triton
+tgmm; the whole train step in three alternating rounds 6.22-6.78 ms against 6.73-6.84 (gpt-oss
+T = 2048), 8.55-9.15 against 9.39-10.52 (T = 4096), 12.28-13.00 against 12.74-13.06 (SwiGLU
+T = 2048). So `implementation="auto"` takes this path for 16-bit operands at 16-128 rows per
+group (`applies`); with more rows the problem is compute bound and the slabs' padding would cost
+FLOPs; explicit Pallas backends keep the Triton kernel.
 """
 
 import math

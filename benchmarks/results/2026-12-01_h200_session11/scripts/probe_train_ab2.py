@@ -1,0 +1,46 @@
+"""The train step with "auto"'s new weight gradients (kernels.tgmm_padded) against the Triton tgmm
+(tgmm_padded.applies patched to False), alternating rounds in one process; gradients compared."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import cases as _cases
+from benchmarks import impls as _impls
+from benchmarks import run as _run
+from moe_pallas.kernels import tgmm_padded
+
+real = tgmm_padded.applies
+out = []
+CASES = [c.split(":") for c in os.environ.get("CASES", "gptoss:2048,gptoss:4096,swiglu256:2048").split(",")]
+for name, t in ((n, int(t)) for n, t in CASES):
+    w = _cases.WORKLOADS[name]
+    params = _cases.make_params(w)
+    case = _cases.Case("train", w, t, "train")
+    inputs = _run._inputs(case, params)
+    preps = {}
+    tgmm_padded.applies = lambda *a: False
+    preps["triton"] = _impls._ours("auto")(case, inputs)
+    tgmm_padded.applies = real
+    preps["padded"] = _impls._ours("auto")(case, inputs)
+    if os.environ.get("DIFFS", "1") == "1":
+        g0, g1 = (preps[k].call()[1] for k in ("triton", "padded"))
+        diffs = [
+            float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
+                  / (jnp.max(jnp.abs(a.astype(jnp.float32))) + 1e-30))
+            for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1))
+        ]
+        print(name, t, "max rel diff per gradient leaf", [f"{d:.2e}" for d in diffs], flush=True)
+        del g0, g1
+    for r in range(int(os.environ.get("ROUNDS", "3"))):
+        for k, p in preps.items():
+            s, n, _ = _run.measure(p, 0.3)
+            row = dict(workload=name, tokens=t, impl=k, round=r, ms=s * 1e3, samples=n,
+                       peak_gib=(p.peak_bytes or 0) / 2**30)
+            print(json.dumps(row), flush=True)
+            out.append(row)
+    del preps, params, inputs
+
+json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "train_ab.json"), "w"), indent=1)
