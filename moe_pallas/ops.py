@@ -122,15 +122,9 @@ def tgmm_on_backend(
     16-128 rows per group `kernels.tgmm_padded` (a batched cuBLAS matmul); with rhs_sums also
     the [G, N] float32 per-group sums of rhs (Triton: in the same kernel; Mosaic GPU: the sums of
     a Triton tgmm whose lhs is one dummy column, so its own [G, 1, N] product is negligible)."""
+    kwargs = {"lhs_row_index": lhs_row_index, "out_dtype": out_dtype, "rhs_sums": rhs_sums}
     if backend == "auto" and _tgmm_padded.applies(lhs, rhs, group_sizes.shape[0]):
-        return _tgmm_padded.tgmm(
-            lhs,
-            rhs,
-            group_sizes,
-            lhs_row_index=lhs_row_index,
-            out_dtype=out_dtype,
-            rhs_sums=rhs_sums,
-        )
+        return _tgmm_padded.tgmm(lhs, rhs, group_sizes, **kwargs)
     if _mosaic(backend, lhs, rhs):
         lhs = lhs if lhs_row_index is None else lhs[lhs_row_index]
         out = _tgmm_mgpu.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
@@ -138,9 +132,7 @@ def tgmm_on_backend(
             return out
         dummy, row0 = jnp.zeros((1, 1), rhs.dtype), jnp.zeros((rhs.shape[0],), jnp.int32)
         return out, _tgmm(dummy, rhs, group_sizes, lhs_row_index=row0, rhs_sums=True)[1]
-    return _tgmm(
-        lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, out_dtype=out_dtype, rhs_sums=rhs_sums
-    )
+    return _tgmm(lhs, rhs, group_sizes, **kwargs)
 
 
 def _gmm_any(backend, lhs, rhs, group_sizes, out_dtype, transpose_rhs=False):

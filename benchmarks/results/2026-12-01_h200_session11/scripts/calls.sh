@@ -2,6 +2,8 @@
 # archived here; PYTHONPATH=.:_ab on the device). _ab/gmm_mgpu_defer.py = moe_pallas/kernels/gmm_mgpu.py
 # at 0067c5b with session 10's scripts/gmm_mgpu_deferred_store_wait.diff applied.
 # 1 (0067c5b): write-bound stand-ins of tgmm; the deferred store wait; forward traces at T = 16384 / 8192
+# (_ab/probe_tails.py = session 10's scripts/probe_tails.py with `import gmm_mgpu_old` replaced by
+#  `gmm_mgpu_old = importlib.import_module(os.environ.get("OLDMOD", "gmm_mgpu_old"))`)
 timeout 200 python3 _ab/probe_write.py
 OLDMOD=gmm_mgpu_defer SHAPES=gptoss_gate_up,gptoss_down DISTS=uniform DENSE=0 EPI=1 OLD=1 timeout 200 python3 _ab/probe_tails.py "64,256,64,4,4,2m"
 timeout 150 python3 benchmarks/profile_layer.py --out /tmp --cases gptoss:16384,swiglu256:8192 --modes fwd
@@ -22,3 +24,5 @@ CASES=swiglu256:2048 DIFFS=0 ROUNDS=3 timeout 120 python3 _ab/probe_train_ab2.py
 BENCH_COMMIT=729ca9a timeout 300 bash benchmarks/gpu_run.sh --suite train --impls moe_pallas:auto,tokamax,torch._grouped_mm,jax.lax.ragged_dot --out $OUT/train --time-limit 280
 # 8 (729ca9a): would cuBLAS stream the forward's weights faster?
 timeout 180 python3 _ab/probe_fwd_cublas.py
+# The archived probes were refactored after the session to share probe_common.py (wall_time,
+# alternate): the same timing code as what ran, moved.

@@ -12,24 +12,10 @@ import jax
 import jax.numpy as jnp
 
 from moe_pallas import dispatch
+from probe_common import wall_time
 
 tg = importlib.import_module("moe_pallas.kernels.tgmm")
 out = []
-
-
-def wall_time(fn, *args, calls=20):
-    """Median seconds per call over 5 bursts of back-to-back calls of the jitted fn; every output
-    is materialised (no slicing that XLA could push into a dot)."""
-    f = jax.jit(fn)
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            o = f(*args)
-        jax.block_until_ready(o)
-        times.append((time.perf_counter() - t0) / calls)
-    return sorted(times)[2]
 
 
 CASES = [  # name, T, k, E, K (lhs cols), N (dh cols), gather

@@ -6,28 +6,15 @@ bias + row scale). TB/s of the weights; wall time of back-to-back calls, outputs
 import importlib
 import json
 import os
-import time
 
 import jax
 import jax.numpy as jnp
 
 from moe_pallas import dispatch
+from probe_common import wall_time
 
 tr = importlib.import_module("moe_pallas.kernels.gmm")
 out = []
-
-
-def wall_time(fn, *args, calls=20):
-    f = jax.jit(fn)
-    jax.block_until_ready(f(*args))
-    times = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            o = f(*args)
-        jax.block_until_ready(o)
-        times.append((time.perf_counter() - t0) / calls)
-    return sorted(times)[2]
 
 
 SPECS = [  # name, T, k, E, K, N, activation, bias

@@ -3,10 +3,8 @@ against Mosaic GPU configs. Down: bias (gpt-oss) and row scale, no gather. SwiGL
 gathers rows in-kernel with the GLU epilogue; Mosaic reads an XLA-gathered copy (timed with it).
 Routing: uniform random top-k. Prints TB/s of the weights read."""
 
-import functools
 import json
 import os
-import sys
 import time
 
 import jax

@@ -13,6 +13,7 @@ import moe_pallas.fused as fused
 from benchmarks import cases as _cases
 from benchmarks import impls as _impls
 from benchmarks import run as _run
+from probe_common import alternate
 from moe_pallas import dispatch
 
 orig = fused.tgmm_on_backend
@@ -55,13 +56,7 @@ for name, t in (("gptoss", 2048), ("gptoss", 4096), ("swiglu256", 2048)):
         lambda a, b: float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))
                            / (jnp.max(jnp.abs(a.astype(jnp.float32))) + 1e-30)), g0, g1)
     print(name, t, "cap", CAP["c"], "max group", int(sizes.max()), "grad rel diffs", errs, flush=True)
-    for r in range(3):
-        for k, p in preps.items():
-            s, n, _ = _run.measure(p, 0.3)
-            row = dict(workload=name, tokens=t, impl=k, round=r, ms=s * 1e3, samples=n,
-                       peak_gib=(p.peak_bytes or 0) / 2**30)
-            print(json.dumps(row), flush=True)
-            out.append(row)
+    alternate(preps, out, workload=name, tokens=t)
     del preps, outs, params, inputs
 
 json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "train_ab.json"), "w"), indent=1)

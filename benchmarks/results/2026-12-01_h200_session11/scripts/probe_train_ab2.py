@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from benchmarks import cases as _cases
 from benchmarks import impls as _impls
 from benchmarks import run as _run
+from probe_common import alternate
 from moe_pallas.kernels import tgmm_padded
 
 real = tgmm_padded.applies
@@ -34,13 +35,7 @@ for name, t in ((n, int(t)) for n, t in CASES):
         ]
         print(name, t, "max rel diff per gradient leaf", [f"{d:.2e}" for d in diffs], flush=True)
         del g0, g1
-    for r in range(int(os.environ.get("ROUNDS", "3"))):
-        for k, p in preps.items():
-            s, n, _ = _run.measure(p, 0.3)
-            row = dict(workload=name, tokens=t, impl=k, round=r, ms=s * 1e3, samples=n,
-                       peak_gib=(p.peak_bytes or 0) / 2**30)
-            print(json.dumps(row), flush=True)
-            out.append(row)
+    alternate(preps, out, int(os.environ.get("ROUNDS", "3")), workload=name, tokens=t)
     del preps, params, inputs
 
 json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "train_ab.json"), "w"), indent=1)

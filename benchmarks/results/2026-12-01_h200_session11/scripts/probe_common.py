@@ -1,0 +1,35 @@
+"""Helpers shared by the session-11 probes (run from the same folder)."""
+
+import json
+import time
+
+import jax
+
+from benchmarks import run as _run
+
+
+def wall_time(fn, *args, calls=20):
+    """Median seconds per call over 5 bursts of back-to-back calls of the jitted fn; every output
+    is materialised (no slicing that XLA could push into a dot)."""
+    f = jax.jit(fn)
+    jax.block_until_ready(f(*args))
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            o = f(*args)
+        jax.block_until_ready(o)
+        times.append((time.perf_counter() - t0) / calls)
+    return sorted(times)[2]
+
+
+def alternate(preps, out, rounds=3, **labels):
+    """Time each prepared train step (benchmarks.run.measure) in alternating rounds; print and
+    append one JSON row per (round, implementation)."""
+    for r in range(rounds):
+        for k, p in preps.items():
+            s, n, _ = _run.measure(p, 0.3)
+            row = dict(**labels, impl=k, round=r, ms=s * 1e3, samples=n,
+                       peak_gib=(p.peak_bytes or 0) / 2**30)
+            print(json.dumps(row), flush=True)
+            out.append(row)
