@@ -24,5 +24,8 @@ CASES=swiglu256:2048 DIFFS=0 ROUNDS=3 timeout 120 python3 _ab/probe_train_ab2.py
 BENCH_COMMIT=729ca9a timeout 300 bash benchmarks/gpu_run.sh --suite train --impls moe_pallas:auto,tokamax,torch._grouped_mm,jax.lax.ragged_dot --out $OUT/train --time-limit 280
 # 8 (729ca9a): would cuBLAS stream the forward's weights faster?
 timeout 180 python3 _ab/probe_fwd_cublas.py
+# 9 (68cd0fa): gpu tests of the kernels and ops; the gmm suite, auto vs pallas_triton
+timeout 150 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py tests/test_kernels_ops.py -p no:cacheprovider
+PYTHONPATH=. timeout 150 python3 -m benchmarks.run --suite gmm --impls moe_pallas:auto,moe_pallas:pallas_triton --out $OUT/gmm --no-plots --time-limit 130
 # The archived probes were refactored after the session to share probe_common.py (wall_time,
 # alternate): the same timing code as what ran, moved.
