@@ -119,7 +119,7 @@ def tgmm_on_backend(
     backend, lhs, rhs, group_sizes, *, lhs_row_index=None, out_dtype=None, rhs_sums=False
 ):
     """`kernels.tgmm` on Mosaic GPU or Triton, chosen as in `gmm_on_backend`, or under "auto" at
-    16-128 rows per group `kernels.tgmm_padded` (a batched cuBLAS matmul); with rhs_sums also
+    more than 16 rows per group `kernels.tgmm_padded` (a batched cuBLAS matmul); with rhs_sums also
     the [G, N] float32 per-group sums of rhs (Triton: in the same kernel; Mosaic GPU: the sums of
     a Triton tgmm whose lhs is one dummy column, so its own [G, 1, N] product is negligible)."""
     kwargs = {"lhs_row_index": lhs_row_index, "out_dtype": out_dtype, "rhs_sums": rhs_sums}

@@ -169,15 +169,16 @@ def test_gmm_m_paths_lower_to_one_triton_call(variant, monkeypatch):
     assert heights == cfg.m_paths(), heights
 
 
+@pytest.mark.parametrize("tokens", [2048, 16384])
 @pytest.mark.parametrize("activation", sorted(WORKLOADS))
-def test_auto_weight_gradients_lower_to_a_batched_dot_and_overflow_kernels(activation):
-    """Under "auto" at T = 2048 (16-128 rows per expert) the backward's weight gradients are
+def test_auto_weight_gradients_lower_to_a_batched_dot_and_overflow_kernels(activation, tokens):
+    """Under "auto" at T = 2048 and 16384 (64-512 rows per expert) the backward's weight gradients are
     batched dots over capacity slabs plus the Triton tgmm in overflow mode (its tails unmasked at
     these shapes: a load's `other` needs a mask, which only the GPU lowering checks)."""
     from moe_pallas import fused
 
     layer = lambda x, i, w, p: fused.fused_experts(x, i, w, p, activation, "auto")
     loss = lambda x, i, w, p: jnp.sum(layer(x, i, w, p).astype(jnp.float32))
-    text = lower_for_h200(jax.grad(loss, argnums=(0, 2, 3)), *_layer_args(activation, 2048))
+    text = lower_for_h200(jax.grad(loss, argnums=(0, 2, 3)), *_layer_args(activation, tokens))
     assert len(re.findall(r"stablehlo.dot_general.*batching_dims = \[0\] x \[0\]", text)) >= 2
     assert triton_calls(text) >= 8

@@ -1,5 +1,5 @@
-"""The batched-matmul weight gradient (`kernels.tgmm_padded`, what "auto" runs at 16-128 rows per
-group) against the float64 oracle, with groups above capacity (the Triton overflow path), and
+"""The batched-matmul weight gradient (`kernels.tgmm_padded`, what "auto" runs at more than 16 rows
+per group) against the float64 oracle, with groups above capacity (the Triton overflow path), and
 the fused layer's gradients through it."""
 
 import jax
@@ -47,15 +47,15 @@ def test_matches_oracle(dtype, cap, gather, rhs_sums):
         assert sums.dtype == jnp.float32 and rel_err(sums, want) < TOL[dtype]
 
 
-def test_auto_takes_it_at_few_rows_per_group_only():
+def test_auto_takes_it_above_decode_sizes():
     bf = jnp.zeros((2, 2), jnp.bfloat16)
     assert (
         tgmm_padded.applies(jnp.zeros((4096, 8), jnp.bfloat16), jnp.zeros((4096, 8)), 128) is False
     )
     assert tgmm_padded.applies(bf, jnp.zeros((4096, 8), jnp.bfloat16), 128)  # 32 rows per group
-    assert not tgmm_padded.applies(bf, jnp.zeros((65536, 8), jnp.bfloat16), 128)  # 512: Triton
+    assert tgmm_padded.applies(bf, jnp.zeros((65536, 8), jnp.bfloat16), 128)  # 512 rows
     assert not tgmm_padded.applies(bf, jnp.zeros((256, 8), jnp.bfloat16), 128)  # 2: decode
-    assert [tgmm_padded.capacity(m, 128) for m in (4096, 8192, 16384)] == [64, 96, 192]
+    assert [tgmm_padded.capacity(m, 128) for m in (4096, 8192, 16384, 65536)] == [64, 96, 192, 608]
 
 
 def test_auto_backend_routes_here(monkeypatch):

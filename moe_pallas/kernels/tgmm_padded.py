@@ -15,9 +15,12 @@ cuBLAS's batched kernel writes faster than our Triton tgmm, whose loads and stor
 gpt-oss d w_gate_up at T = 2048 1.41 ms for the batched matmul alone against 1.70 for the Triton
 tgmm; the whole train step in three alternating rounds 6.22-6.78 ms against 6.73-6.84 (gpt-oss
 T = 2048), 8.55-9.15 against 9.39-10.52 (T = 4096), 12.28-13.00 against 12.74-13.06 (SwiGLU
-T = 2048). So `implementation="auto"` takes this path for 16-bit operands at 16-128 rows per
-group (`applies`); with more rows the problem is compute bound and the slabs' padding would cost
-FLOPs; explicit Pallas backends keep the Triton kernel.
+T = 2048). With hundreds of rows per group the problem is compute bound and the slabs pad the
+FLOPs (C = 608 at 512 rows per group: +19%), yet cuBLAS still beats our tgmm (400-436 TFLOP/s
+there, session 2): train step 23.05 / 23.37 ms against 26.71 / 28.78 (gpt-oss T = 16384),
+24.32 / 24.35 against 26.87 / 29.10 (SwiGLU T = 8192), two alternating rounds. So `implementation="auto"` takes this
+path for 16-bit operands at more than 16 rows per group (`applies`); at decode sizes (not
+measured) and on explicit Pallas backends the Triton kernel stays.
 """
 
 import math
@@ -40,9 +43,9 @@ def capacity(num_rows: int, num_groups: int) -> int:
 
 def applies(lhs: jax.Array, rhs: jax.Array, num_groups: int) -> bool:
     """Whether "auto" computes this weight gradient here: 16-bit operands (what was measured) at
-    16-128 rows per group (`config.rows_class` "small")."""
-    small = _config.rows_class(rhs.shape[0], num_groups) == "small"
-    return small and all(jnp.dtype(a.dtype).itemsize == 2 for a in (lhs, rhs))
+    more than 16 rows per group (`config.rows_class` "small" and "large", not decode's "tiny")."""
+    measured = _config.rows_class(rhs.shape[0], num_groups) != "tiny"
+    return measured and all(jnp.dtype(a.dtype).itemsize == 2 for a in (lhs, rhs))
 
 
 def tgmm(

@@ -27,5 +27,7 @@ timeout 180 python3 _ab/probe_fwd_cublas.py
 # 9 (68cd0fa): gpu tests of the kernels and ops; the gmm suite, auto vs pallas_triton
 timeout 150 python3 -m pytest -q -m gpu tests/test_kernels_gpu.py tests/test_kernels_ops.py -p no:cacheprovider
 PYTHONPATH=. timeout 150 python3 -m benchmarks.run --suite gmm --impls moe_pallas:auto,moe_pallas:pallas_triton --out $OUT/gmm --no-plots --time-limit 130
+# 10 (ee502cc + probe): padded weight gradients at 256-512 rows per expert, train A/B
+OUT=$OUT timeout 190 python3 _ab/probe_large.py
 # The archived probes were refactored after the session to share probe_common.py (wall_time,
 # alternate): the same timing code as what ran, moved.
