@@ -5,7 +5,15 @@ import time
 
 import jax
 
+from benchmarks import cases as _cases
 from benchmarks import run as _run
+
+
+def train_inputs(name, tokens):
+    """(case, inputs) of the train suite's case for workload `name` at `tokens`."""
+    w = _cases.WORKLOADS[name]
+    case = _cases.Case("train", w, tokens, "train")
+    return case, _run._inputs(case, _cases.make_params(w))
 
 
 def wall_time(fn, *args, calls=20):
@@ -21,6 +29,18 @@ def wall_time(fn, *args, calls=20):
         jax.block_until_ready(o)
         times.append((time.perf_counter() - t0) / calls)
     return sorted(times)[2]
+
+
+def prepare_variants(case, inputs, obj, attr, variants):
+    """{label: "auto"'s prepared step} with obj.attr set to each variant in turn, then restored."""
+    from benchmarks import impls as _impls
+
+    real, preps = getattr(obj, attr), {}
+    for label, value in variants.items():
+        setattr(obj, attr, value)
+        preps[label] = _impls._ours("auto")(case, inputs)
+    setattr(obj, attr, real)
+    return preps
 
 
 def alternate(preps, out, rounds=3, **labels):

@@ -7,12 +7,9 @@ import os
 
 import jax.numpy as jnp
 
-from benchmarks import cases as _cases
-from benchmarks import impls as _impls
-from benchmarks import run as _run
 from moe_pallas.kernels import config as _config
 from moe_pallas.kernels import tgmm_padded
-from probe_common import alternate
+from probe_common import alternate, prepare_variants, train_inputs
 
 real = tgmm_padded.applies
 
@@ -26,17 +23,11 @@ out = []
 for spec in os.environ.get("CASES", "gptoss:16384,swiglu256:8192").split(","):
     name, t = spec.split(":")
     t = int(t)
-    w = _cases.WORKLOADS[name]
-    params = _cases.make_params(w)
-    case = _cases.Case("train", w, t, "train")
-    inputs = _run._inputs(case, params)
-    preps = {}
-    tgmm_padded.applies = real
-    preps["committed"] = _impls._ours("auto")(case, inputs)
-    tgmm_padded.applies = wide
-    preps["padded_large"] = _impls._ours("auto")(case, inputs)
-    tgmm_padded.applies = real
+    case, inputs = train_inputs(name, t)
+    preps = prepare_variants(
+        case, inputs, tgmm_padded, "applies", {"committed": real, "padded_large": wide}
+    )
     alternate(preps, out, int(os.environ.get("ROUNDS", "2")), workload=name, tokens=t)
-    del preps, params, inputs
+    del preps, inputs
 
 json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "large.json"), "w"), indent=1)

@@ -10,10 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import moe_pallas.fused as fused
-from benchmarks import cases as _cases
-from benchmarks import impls as _impls
-from benchmarks import run as _run
-from probe_common import alternate
+from probe_common import alternate, prepare_variants, train_inputs
 from moe_pallas import dispatch
 
 orig = fused.tgmm_on_backend
@@ -38,18 +35,13 @@ def padded(backend, lhs, rhs, gs, *, lhs_row_index=None, out_dtype=None, rhs_sum
 
 out = []
 for name, t in (("gptoss", 2048), ("gptoss", 4096), ("swiglu256", 2048)):
-    w = _cases.WORKLOADS[name]
-    params = _cases.make_params(w)
-    case = _cases.Case("train", w, t, "train")
-    inputs = _run._inputs(case, params)
+    case, inputs = train_inputs(name, t)
+    w = case.workload
     sizes = np.asarray(dispatch.dispatch(inputs["topk_idx"], w.experts).group_sizes)
     CAP["c"] = int(-(-sizes.max() // 32) * 32)
-    preps = {}
-    fused.tgmm_on_backend = orig
-    preps["triton"] = _impls._ours("auto")(case, inputs)
-    fused.tgmm_on_backend = padded
-    preps["cublas"] = _impls._ours("auto")(case, inputs)
-    fused.tgmm_on_backend = orig
+    preps = prepare_variants(
+        case, inputs, fused, "tgmm_on_backend", {"triton": orig, "cublas": padded}
+    )
     outs = {k: p.call() for k, p in preps.items()}
     g0, g1 = outs["triton"][1], outs["cublas"][1]
     errs = jax.tree.map(
@@ -57,6 +49,6 @@ for name, t in (("gptoss", 2048), ("gptoss", 4096), ("swiglu256", 2048)):
                            / (jnp.max(jnp.abs(a.astype(jnp.float32))) + 1e-30)), g0, g1)
     print(name, t, "cap", CAP["c"], "max group", int(sizes.max()), "grad rel diffs", errs, flush=True)
     alternate(preps, out, workload=name, tokens=t)
-    del preps, outs, params, inputs
+    del preps, outs, inputs
 
 json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "train_ab.json"), "w"), indent=1)

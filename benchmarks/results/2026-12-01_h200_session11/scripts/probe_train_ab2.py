@@ -7,25 +7,18 @@ import os
 import jax
 import jax.numpy as jnp
 
-from benchmarks import cases as _cases
-from benchmarks import impls as _impls
-from benchmarks import run as _run
-from probe_common import alternate
+from probe_common import alternate, prepare_variants, train_inputs
 from moe_pallas.kernels import tgmm_padded
 
 real = tgmm_padded.applies
 out = []
 CASES = [c.split(":") for c in os.environ.get("CASES", "gptoss:2048,gptoss:4096,swiglu256:2048").split(",")]
 for name, t in ((n, int(t)) for n, t in CASES):
-    w = _cases.WORKLOADS[name]
-    params = _cases.make_params(w)
-    case = _cases.Case("train", w, t, "train")
-    inputs = _run._inputs(case, params)
-    preps = {}
-    tgmm_padded.applies = lambda *a: False
-    preps["triton"] = _impls._ours("auto")(case, inputs)
-    tgmm_padded.applies = real
-    preps["padded"] = _impls._ours("auto")(case, inputs)
+    case, inputs = train_inputs(name, t)
+    w = case.workload
+    preps = prepare_variants(
+        case, inputs, tgmm_padded, "applies", {"triton": lambda *a: False, "padded": real}
+    )
     if os.environ.get("DIFFS", "1") == "1":
         g0, g1 = (preps[k].call()[1] for k in ("triton", "padded"))
         diffs = [
@@ -36,6 +29,6 @@ for name, t in ((n, int(t)) for n, t in CASES):
         print(name, t, "max rel diff per gradient leaf", [f"{d:.2e}" for d in diffs], flush=True)
         del g0, g1
     alternate(preps, out, int(os.environ.get("ROUNDS", "3")), workload=name, tokens=t)
-    del preps, params, inputs
+    del preps, inputs
 
 json.dump(out, open(os.path.join(os.environ.get("OUT", "."), "train_ab.json"), "w"), indent=1)
