@@ -43,7 +43,7 @@ step() {
 # each example run on the CPU, so processes of one test draw different examples in parallel), dealt
 # round-robin to the GPUs and sharing them (no preallocation); their reports are merged into
 # $OUT/fuzz.json (examples summed per test), their output tails go to the log.
-FUZZ_PROCS_DEFAULT="test_ragged_dot:2 test_moe_experts:3 test_gmm_epilogues:3 test_tgmm:2 test_tile_schedule:3"
+FUZZ_PROCS_DEFAULT="test_ragged_dot:2 test_moe_experts:3 test_gmm_epilogues:3 test_tgmm_matches:2 test_tgmm_padded:2 test_tile_schedule:3"
 fuzz_every_test() {
   local limit=$1 gpus i=0 t n j spec
   gpus=$(nvidia-smi -L | wc -l)

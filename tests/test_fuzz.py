@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from moe_pallas import dispatch, moe_experts, ragged_dot, tgmm
 from moe_pallas.activations import glu, split_gate_up
-from moe_pallas.kernels import BlockConfig, gmm
+from moe_pallas.kernels import BlockConfig, gmm, tgmm_padded
 from moe_pallas.reference import moe_experts_reference
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -281,6 +281,54 @@ def test_tgmm_matches_float64(seed, shape, dtype, kind, tail):
         assert _rel_err(out, want_out) < TOL[dtype], _rel_err(out, want_out)
         assert _rel_err(d_lhs, want_dl) < GRAD_TOL[dtype]
         assert _rel_err(d_rhs, want_dr) < GRAD_TOL[dtype]
+        assert not np.asarray(out[sizes == 0], np.float32).any(), "empty groups"
+
+
+@functools.partial(jax.jit, static_argnames="capacity")
+def _tgmm_padded_jit(lhs, rhs, sizes, row_index, capacity):
+    return tgmm_padded.tgmm(
+        lhs, rhs, sizes, lhs_row_index=row_index, rhs_sums=True, rows_per_group=capacity
+    )
+
+
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    shape=st.sampled_from(RAGGED_SHAPES),
+    dtype=st.sampled_from(DTYPES),
+    kind=st.sampled_from(GROUP_KINDS),
+    tail=st.sampled_from([0, 0, 3]),
+    capacity=st.sampled_from([8, 32]),
+    gather=st.booleans(),
+)
+def test_tgmm_padded_matches_float64(seed, shape, dtype, kind, tail, capacity, gather):
+    """The batched-matmul weight gradient ("auto" above 16 rows per group on the GPU) and its
+    bias sums against float64: capacities below the groups (their rows past it through the Triton
+    overflow path) and above, a gathered lhs, rows past the groups."""
+    _stop_when_out_of_time()
+    with _Example(
+        "test_tgmm_padded_matches_float64",
+        seed=seed,
+        shape=shape,
+        dtype=dtype,
+        kind=kind,
+        tail=tail,
+        capacity=capacity,
+        gather=gather,
+    ):
+        m, k, n, g = shape
+        rng = np.random.default_rng(seed)
+        sizes = _group_sizes(rng, kind, g, max(m - tail, 0))
+        rhs = _values(rng, (m, n), dtype)
+        m_src = m // 2 + 1 if gather else m
+        lhs = _values(rng, (m_src, k), dtype)
+        index = jnp.asarray(rng.integers(0, m_src, m), jnp.int32) if gather else None
+        out, sums = _tgmm_padded_jit(lhs, rhs, jnp.asarray(sizes), index, capacity)
+        with jax.enable_x64(True):
+            x, y = _f64(lhs if index is None else lhs[index], rhs)
+            groups = _one_hot_groups(sizes, m)
+            want, want_sums = _tgmm64(groups, x, y), groups.T @ y
+        assert out.dtype == dtype and _rel_err(out, want) < TOL[dtype], _rel_err(out, want)
+        assert _rel_err(sums, want_sums) < TOL[dtype], _rel_err(sums, want_sums)
         assert not np.asarray(out[sizes == 0], np.float32).any(), "empty groups"
 
 
