@@ -62,6 +62,13 @@ DTYPES = [jnp.float32, jnp.bfloat16]
 TOL = {jnp.float32: 5e-3 if ON_GPU else 1e-4, jnp.bfloat16: 2e-2}
 GRAD_TOL = {jnp.float32: 5e-3 if ON_GPU else 2e-4, jnp.bfloat16: 4e-2}
 GROUP_KINDS = ["uniform", "zipf", "one", "sparse"]
+# What the ragged_dot / tgmm tests draw besides their own parameters.
+RAGGED_DRAWS = {
+    "seed": st.integers(0, 2**32 - 1),
+    "shape": st.sampled_from(RAGGED_SHAPES),
+    "dtype": st.sampled_from(DTYPES),
+    "kind": st.sampled_from(GROUP_KINDS),
+}
 ROUTING_KINDS = ["uniform", "zipf", "hot", "few", "masked"]
 
 _report: dict[str, dict] = {}
@@ -103,7 +110,8 @@ def _time_share(request):
 
 
 class _Example:
-    """Counts a checked example; records the first failure (with its drawn parameters)."""
+    """Counts a checked example; records the first failure (with its drawn parameters: the tests
+    pass `**locals()` before their first assignment, i.e. exactly their arguments)."""
 
     def __init__(self, name, **drawn):
         self.name, self.drawn = name, drawn
@@ -221,25 +229,14 @@ def _tgmm_vjp(lhs, rhs, sizes, d_out, impl):
 
 
 @given(
-    seed=st.integers(0, 2**32 - 1),
-    shape=st.sampled_from(RAGGED_SHAPES),
-    dtype=st.sampled_from(DTYPES),
-    kind=st.sampled_from(GROUP_KINDS),
+    **RAGGED_DRAWS,
     tail=st.sampled_from([0, 0, 1, 5]),
     impl=st.sampled_from(["pallas_triton", "pallas_triton", "xla"]),
 )
 def test_ragged_dot_matches_float64(seed, shape, dtype, kind, tail, impl):
     """ragged_dot forward, d lhs and d rhs against float64, with rows past the groups (tail)."""
     _stop_when_out_of_time()
-    with _Example(
-        "test_ragged_dot_matches_float64",
-        seed=seed,
-        shape=shape,
-        dtype=dtype,
-        kind=kind,
-        tail=tail,
-        impl=impl,
-    ):
+    with _Example("test_ragged_dot_matches_float64", **locals()):
         m, k, n, g = shape
         rng = np.random.default_rng(seed)
         sizes = _group_sizes(rng, kind, g, max(m - tail, 0))
@@ -256,18 +253,13 @@ def test_ragged_dot_matches_float64(seed, shape, dtype, kind, tail, impl):
 
 
 @given(
-    seed=st.integers(0, 2**32 - 1),
-    shape=st.sampled_from(RAGGED_SHAPES),
-    dtype=st.sampled_from(DTYPES),
-    kind=st.sampled_from(GROUP_KINDS),
+    **RAGGED_DRAWS,
     tail=st.sampled_from([0, 0, 3]),
 )
 def test_tgmm_matches_float64(seed, shape, dtype, kind, tail):
     """tgmm (= ragged_dot's d rhs) forward and its gradients against float64."""
     _stop_when_out_of_time()
-    with _Example(
-        "test_tgmm_matches_float64", seed=seed, shape=shape, dtype=dtype, kind=kind, tail=tail
-    ):
+    with _Example("test_tgmm_matches_float64", **locals()):
         m, k, n, g = shape
         rng = np.random.default_rng(seed)
         sizes = _group_sizes(rng, kind, g, max(m - tail, 0))
@@ -292,10 +284,7 @@ def _tgmm_padded_jit(lhs, rhs, sizes, row_index, capacity):
 
 
 @given(
-    seed=st.integers(0, 2**32 - 1),
-    shape=st.sampled_from(RAGGED_SHAPES),
-    dtype=st.sampled_from(DTYPES),
-    kind=st.sampled_from(GROUP_KINDS),
+    **RAGGED_DRAWS,
     tail=st.sampled_from([0, 0, 3]),
     capacity=st.sampled_from([8, 32]),
     gather=st.booleans(),
@@ -305,16 +294,7 @@ def test_tgmm_padded_matches_float64(seed, shape, dtype, kind, tail, capacity, g
     bias sums against float64: capacities below the groups (their rows past it through the Triton
     overflow path) and above, a gathered lhs, rows past the groups."""
     _stop_when_out_of_time()
-    with _Example(
-        "test_tgmm_padded_matches_float64",
-        seed=seed,
-        shape=shape,
-        dtype=dtype,
-        kind=kind,
-        tail=tail,
-        capacity=capacity,
-        gather=gather,
-    ):
+    with _Example("test_tgmm_padded_matches_float64", **locals()):
         m, k, n, g = shape
         rng = np.random.default_rng(seed)
         sizes = _group_sizes(rng, kind, g, max(m - tail, 0))
@@ -378,14 +358,7 @@ EPILOGUES = [  # (gather, bias, row_scale, activation)
 def test_gmm_epilogues_match_float64(seed, shape, kind, epilogue, block):
     """The fused path's gmm: in-kernel row gather, bias, GLU and row scale, small block configs."""
     _stop_when_out_of_time()
-    with _Example(
-        "test_gmm_epilogues_match_float64",
-        seed=seed,
-        shape=shape,
-        kind=kind,
-        epilogue=epilogue,
-        block=block,
-    ):
+    with _Example("test_gmm_epilogues_match_float64", **locals()):
         m, k, n, g = shape
         gather, has_bias, has_scale, activation = epilogue
         rng = np.random.default_rng(seed)
@@ -465,14 +438,7 @@ def _reference_grads(x, idx, w, params, d_out, activation, h_dtype=None):
 def test_moe_experts_matches_float64(seed, shape, dtype, activation, kind):
     """The fused block (pallas_triton): out and the gradients of x, topk_weight and every param."""
     _stop_when_out_of_time()
-    with _Example(
-        "test_moe_experts_matches_float64",
-        seed=seed,
-        shape=shape,
-        dtype=dtype,
-        activation=activation,
-        kind=kind,
-    ):
+    with _Example("test_moe_experts_matches_float64", **locals()):
         tokens, hidden, inter, experts, top_k = shape
         rng = np.random.default_rng(seed)
         idx, w = _routing(rng, kind, tokens, experts, top_k)
@@ -529,15 +495,7 @@ def test_moe_experts_matches_float64(seed, shape, dtype, activation, kind):
 def test_tile_schedule_covers_each_row_once(seed, num_groups, rows, block_m, kind, tail):
     """Every row lies in exactly one used visit, inside one m-tile that starts in its own group."""
     _stop_when_out_of_time()
-    with _Example(
-        "test_tile_schedule_covers_each_row_once",
-        seed=seed,
-        num_groups=num_groups,
-        rows=rows,
-        block_m=block_m,
-        kind=kind,
-        tail=tail,
-    ):
+    with _Example("test_tile_schedule_covers_each_row_once", **locals()):
         rng = np.random.default_rng(seed)
         sizes = _group_sizes(rng, kind, num_groups, max(rows - tail, 0))
         s = jax.tree.map(np.asarray, dispatch.tile_schedule(jnp.asarray(sizes), rows, block_m))
