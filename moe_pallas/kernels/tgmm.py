@@ -79,6 +79,9 @@ def _tgmm_kernel(
     k_mask = (ks < lhs_cols)[None, :] if lhs_cols % bk else None
     sums_tile = pl.program_id(1) == k_dim // bk  # the k-tile holding the ones column
 
+    def load_init(ref, mask):  # the array added to; Triton takes `other` only with a mask
+        return plgpu.load(ref, mask=mask, **({} if mask is None else {"other": 0}))
+
     def store(tile, acc):
         ns = tile * bn + jnp.arange(bn, dtype=jnp.int32)
         mask = None
@@ -87,8 +90,7 @@ def _tgmm_kernel(
         window = (g, pl.ds(k0, bk), pl.ds(tile * bn, bn))
         out = acc
         if accumulate:
-            fill = {} if mask is None else {"other": 0}  # Triton takes `other` only with a mask
-            out = out + plgpu.load(out_init_ref.at[window], mask=mask, **fill).astype(out.dtype)
+            out = out + load_init(out_init_ref.at[window], mask).astype(out.dtype)
         plgpu.store(out_ref.at[window], out.astype(out_ref.dtype), mask=mask)
         if rhs_sums:
 
@@ -98,8 +100,7 @@ def _tgmm_kernel(
                 sums_window = (g, pl.ds(tile * bn, bn))
                 sums_mask = None if n_dim % bn == 0 else ns < n_dim
                 if accumulate:
-                    fill = {} if sums_mask is None else {"other": 0}
-                    row = row + plgpu.load(sums_init_ref.at[sums_window], mask=sums_mask, **fill)
+                    row = row + load_init(sums_init_ref.at[sums_window], sums_mask)
                 plgpu.store(sums_ref.at[sums_window], row, mask=sums_mask)
 
     def in_group(r0):  # [bm, 1]: which of the block_m rows from r0 belong to the group

@@ -66,14 +66,14 @@ def tgmm(
     out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
     cap = rows_per_group or capacity(num_rows, num_groups)
     ends = clamp_group_ends(group_sizes, num_rows)
-    starts = ends - jnp.diff(ends, prepend=jnp.zeros((1,), jnp.int32))
+    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
     slot = jnp.arange(cap, dtype=jnp.int32)
     valid = slot[None, :] < (ends - starts)[:, None]  # [G, C]
     rows = jnp.where(valid, starts[:, None] + slot[None, :], 0)
     lhs_rows = rows if lhs_row_index is None else lhs_row_index.astype(jnp.int32)[rows]
     # where, not a multiply: NaN in rows past a group must not reach it.
-    lhs_slab = jnp.where(valid[..., None], lhs[lhs_rows], 0).astype(lhs.dtype)
-    rhs_slab = jnp.where(valid[..., None], rhs[rows], 0).astype(rhs.dtype)
+    lhs_slab = jnp.where(valid[..., None], lhs[lhs_rows], 0)
+    rhs_slab = jnp.where(valid[..., None], rhs[rows], 0)
     out = jax.lax.dot_general(
         lhs_slab, rhs_slab, (((1,), (1,)), ((0,), (0,))), preferred_element_type=out_dtype
     )
