@@ -43,9 +43,10 @@ H200 with the routing's ragged groups, whose 128-row tiles are half empty at T =
 2.26 against 2.51; benchmarks/results/2026-12-01_h200_session10/).
 Per-expert bias sums come out of the weight gradients' tgmm calls (a ones column in lhs, see
 `kernels.tgmm`): no scatter atomics anywhere, so forward and backward are bitwise reproducible run
-to run. Under "auto" at more than 16 rows per expert both weight gradients (and their bias sums) run as
-one batched cuBLAS matmul over capacity slabs instead (`kernels.tgmm_padded`, via
-`ops.tgmm_on_backend`), faster on the H200 (our tgmm's loads and stores barely overlap; train step 4-19% faster).
+to run. Under "auto" at more than 16 rows per expert both weight gradients run as one batched
+cuBLAS matmul over capacity slabs instead (`kernels.tgmm_padded`, via `ops.tgmm_on_backend`),
+faster on the H200 (our tgmm's loads and stores barely overlap; train step 4-19% faster); the
+Triton kernel that builds the slabs (`kernels.slab`) sums the bias gradients on the way.
 
 Backends: "pallas_triton" runs every kernel above in Triton. "mosaic_gpu" runs the matmuls (both
 gmm, both tgmm, dx's gmm) on the Mosaic GPU kernels where wgmma takes the operands (one 16-bit

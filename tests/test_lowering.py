@@ -173,12 +173,14 @@ def test_gmm_m_paths_lower_to_one_triton_call(variant, monkeypatch):
 @pytest.mark.parametrize("activation", sorted(WORKLOADS))
 def test_auto_weight_gradients_lower_to_a_batched_dot_and_overflow_kernels(activation, tokens):
     """Under "auto" at T = 2048 and 16384 (64-512 rows per expert) the backward's weight gradients are
-    batched dots over capacity slabs plus the Triton tgmm in overflow mode (its tails unmasked at
-    these shapes: a load's `other` needs a mask, which only the GPU lowering checks)."""
+    batched dots over capacity slabs (built by four Triton slab kernels) plus the Triton tgmm in
+    overflow mode (its tails unmasked at these shapes: a load's `other` needs a mask, which only
+    the GPU lowering checks)."""
     from moe_pallas import fused
 
     layer = lambda x, i, w, p: fused.fused_experts(x, i, w, p, activation, "auto")
     loss = lambda x, i, w, p: jnp.sum(layer(x, i, w, p).astype(jnp.float32))
     text = lower_for_h200(jax.grad(loss, argnums=(0, 2, 3)), *_layer_args(activation, tokens))
     assert len(re.findall(r"stablehlo.dot_general.*batching_dims = \[0\] x \[0\]", text)) >= 2
-    assert triton_calls(text) >= 8
+    assert text.count('name = "slab"') == 4
+    assert triton_calls(text) >= 12

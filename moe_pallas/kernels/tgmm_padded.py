@@ -2,12 +2,13 @@
 
 Math. The contract of `kernels.tgmm.tgmm` (row gather, rhs_sums, empty groups exact zeros, rows
 past sum(group_sizes) left out), computed differently: each group's first C rows (C =
-`capacity(M, G)`) are copied into `[G, C, K]` and `[G, C, N]` slabs, zero past the group, and one
-batched `dot_general` contracting over C gives every group's product at once (on the GPU, XLA
-runs it on cuBLAS with float32 accumulation and writes out_dtype); the sums are the rhs slab's
-float32 sums over C. A group with more than C rows (skewed routing, one hot expert) has its rows
-past C added by the Triton tgmm's overflow mode (`row_skip=C`, `accumulate`) into the same
-outputs, which touches only such groups; nothing is dropped.
+`capacity(M, G)`) are copied into `[G, C, K]` and `[G, C, N]` slabs, zero past the group
+(`kernels.slab`, which also sums each group's rhs rows, all of them, in float32), and one batched
+`dot_general` contracting over C gives every group's product at once (on the GPU, XLA runs it on
+cuBLAS with float32 accumulation and writes out_dtype). A group with more than C rows (skewed
+routing, one hot expert) has its rows past C added by the Triton tgmm's overflow mode
+(`row_skip=C`, `accumulate`) into the same outputs, which touches only such groups; nothing is
+dropped.
 
 Why. With a few dozen rows per group the weight gradient is bound by writing `[G, K, N]`, and
 cuBLAS's batched kernel writes faster than our Triton tgmm, whose loads and stores barely overlap
@@ -29,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from moe_pallas.kernels import config as _config
+from moe_pallas.kernels import slab as _slab
 from moe_pallas.kernels.gmm import clamp_group_ends
 from moe_pallas.kernels.tgmm import tgmm as _triton_tgmm
 
@@ -66,25 +68,20 @@ def tgmm(
     out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
     cap = rows_per_group or capacity(num_rows, num_groups)
     ends = clamp_group_ends(group_sizes, num_rows)
-    starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
-    slot = jnp.arange(cap, dtype=jnp.int32)
-    valid = slot[None, :] < (ends - starts)[:, None]  # [G, C]
-    rows = jnp.where(valid, starts[:, None] + slot[None, :], 0)
-    lhs_rows = rows if lhs_row_index is None else lhs_row_index.astype(jnp.int32)[rows]
-    # where, not a multiply: NaN in rows past a group must not reach it.
-    lhs_slab = jnp.where(valid[..., None], lhs[lhs_rows], 0)
-    rhs_slab = jnp.where(valid[..., None], rhs[rows], 0)
+    offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends])
+    lhs_slab = _slab.slab(lhs, offsets, cap, row_index=lhs_row_index)
+    rhs_slab = _slab.slab(rhs, offsets, cap, sums=rhs_sums)
+    rhs_slab, sums = rhs_slab if rhs_sums else (rhs_slab, None)
     out = jax.lax.dot_general(
         lhs_slab, rhs_slab, (((1,), (1,)), ((0,), (0,))), preferred_element_type=out_dtype
     )
-    sums = jnp.sum(rhs_slab.astype(jnp.float32), axis=1) if rhs_sums else None
-    return _triton_tgmm(
+    out = _triton_tgmm(
         lhs,
         rhs,
         group_sizes,
         lhs_row_index=lhs_row_index,
         out_dtype=out_dtype,
-        rhs_sums=rhs_sums,
         row_skip=cap,
-        accumulate=(out, sums),
+        accumulate=(out, None),
     )
+    return (out, sums) if rhs_sums else out

@@ -1,0 +1,63 @@
+"""The capacity-slab kernel (`kernels.slab`, the operands and bias sums of the batched weight
+gradient) against numpy: exact copies, zeros past each group, sums over every row of a group."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from moe_pallas.kernels import slab
+
+
+def _expected(src, offsets, cap, index):
+    rows = np.asarray(src, np.float64)
+    num_groups, dim = len(offsets) - 1, rows.shape[1]
+    want = np.zeros((num_groups, cap, dim))
+    sums = np.zeros((num_groups, dim))
+    for g in range(num_groups):
+        members = np.arange(offsets[g], offsets[g + 1])
+        picked = rows[members if index is None else index[members]]
+        want[g, : min(len(members), cap)] = picked[:cap]
+        sums[g] = picked.sum(0)
+    return want, sums
+
+
+@pytest.mark.parametrize(
+    "dtype, cap, dim, gather",
+    [
+        (jnp.bfloat16, 32, 300, False),  # 300 columns: a masked tail of the 256-column block
+        (jnp.float32, 48, 64, True),  # block_c shrinks to 16, which divides 48
+        (jnp.bfloat16, 16, 40, True),
+    ],
+)
+def test_matches_numpy(dtype, cap, dim, gather):
+    rng = np.random.default_rng(cap + dim)
+    sizes = np.array([5, 0, cap + 37, cap, 1, 2 * cap + 3], np.int32)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    m = int(offsets[-1]) + 6
+    src_np = rng.standard_normal((40 if gather else m, dim))
+    index = rng.integers(0, 40, m).astype(np.int32) if gather else None
+    if not gather:
+        src_np[offsets[-1] :] = np.nan  # rows past every group are never read
+    src = jnp.asarray(src_np, dtype)
+    got, sums = slab.slab(
+        src,
+        jnp.asarray(offsets),
+        cap,
+        row_index=None if index is None else jnp.asarray(index),
+        sums=True,
+    )
+    want, want_sums = _expected(src, offsets, cap, index)
+    assert got.shape == (6, cap, dim) and got.dtype == dtype and sums.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(got, np.float64), want)  # a copy: exact
+    scale = np.nansum(np.abs(np.asarray(src, np.float64))) + 1
+    assert np.abs(np.asarray(sums, np.float64) - want_sums).max() < 1e-5 * scale
+    alone = slab.slab(src, jnp.asarray(offsets), cap, row_index=None if index is None else index)
+    np.testing.assert_array_equal(np.asarray(alone), np.asarray(got))
+
+
+def test_rejects_bad_capacity_and_shapes():
+    src, offsets = jnp.zeros((8, 4)), jnp.array([0, 4, 8], jnp.int32)
+    with pytest.raises(ValueError, match="capacity=0"):
+        slab.slab(src, offsets, 0)
+    with pytest.raises(ValueError, match="group_offsets"):
+        slab.slab(src, offsets[None], 32)
