@@ -92,7 +92,14 @@ def suite_cases(suite: str, *, small: bool = False) -> list[Case]:
         tokens = DECODE_TOKENS[:3:2] if small else DECODE_TOKENS
         return [Case(suite, wl[w], t) for w in wl for t in tokens]
     if suite == "train":
-        pairs = [("gptoss", 2048), ("gptoss", 4096), ("swiglu256", 2048)]
+        # The fwd+bwd sizes (T = 2048; 16384 gpt-oss, 8192 SwiGLU) and gpt-oss at 4096.
+        pairs = [
+            ("gptoss", 2048),
+            ("gptoss", 4096),
+            ("swiglu256", 2048),
+            ("gptoss", 16384),
+            ("swiglu256", 8192),
+        ]
         return [Case(suite, wl[w], scale(t), "train") for w, t in (pairs[::2] if small else pairs)]
     cases = [
         Case(suite, wl[w], scale(t), mode, proj)

@@ -1,6 +1,7 @@
 """The capacity-slab kernel (`kernels.slab`, the operands and bias sums of the batched weight
 gradient) against numpy: exact copies, zeros past each group, sums over every row of a group."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -61,3 +62,29 @@ def test_rejects_bad_capacity_and_shapes():
         slab.slab(src, offsets, 0)
     with pytest.raises(ValueError, match="group_offsets"):
         slab.slab(src, offsets[None], 32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "rows, dim, groups, gather", [(8192, 5760, 128, False), (8192, 2880, 128, True)]
+)
+def test_full_shapes_gpu(rows, dim, groups, gather):
+    """gpt-oss's slabs at T = 2048 (dh with its sums, x gathered) on the GPU, one group far above
+    capacity: the copies exact against XLA's gather, the sums against a float32 segment sum."""
+    rng = np.random.default_rng(0)
+    sizes = rng.multinomial(rows - 1000, np.full(groups, 1 / groups)).astype(np.int32)
+    sizes[5] += 1000  # a hot group
+    offsets = jnp.asarray(np.concatenate([[0], np.cumsum(sizes)]), jnp.int32)
+    cap = 96
+    src = jnp.asarray(rng.standard_normal((2048 if gather else rows, dim)), jnp.bfloat16)
+    index = jnp.asarray(rng.integers(0, 2048, rows), jnp.int32) if gather else None
+    got, sums = slab.slab(src, offsets, cap, row_index=index, sums=True)
+    picked = src if index is None else src[index]
+    slot = jnp.arange(cap)
+    valid = slot[None, :] < jnp.minimum(jnp.diff(offsets), cap)[:, None]
+    want = jnp.where(valid[..., None], picked[jnp.where(valid, offsets[:-1, None] + slot, 0)], 0)
+    assert bool(jnp.array_equal(got, want))
+    group = jnp.repeat(jnp.arange(groups), jnp.asarray(sizes), total_repeat_length=rows)
+    want_sums = jax.ops.segment_sum(picked.astype(jnp.float32), group, groups)
+    err = jnp.max(jnp.abs(sums - want_sums)) / jnp.max(jnp.abs(want_sums))
+    assert float(err) < 1e-5
