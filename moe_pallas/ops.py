@@ -2,8 +2,9 @@
 
 Both take the backend by `implementation` ("auto", "pallas_triton", "xla", "mosaic_gpu"), see
 `moe_pallas._backend.resolve`. The Pallas path has a custom VJP built from the same two kernels
-(with "mosaic_gpu", a gradient runs the Mosaic GPU kernels when its operands share one 16-bit
-dtype, e.g. a bf16 cotangent of bf16 operands, and the Triton kernels otherwise; with "auto" on
+(with "mosaic_gpu", each of them, forward or gradient, runs the Mosaic GPU kernel when its
+operands share one 16-bit dtype, e.g. a bf16 cotangent of bf16 operands, and the Triton kernel
+otherwise; with "auto" on
 Hopper, each gmm runs on Mosaic GPU where `kernels.gmm_mgpu.AUTO_TABLE` names its shape):
 
     ragged_dot: out[m] = lhs[m] @ rhs[g(m)]        d_lhs = gmm(d_out, rhs, transpose_rhs)
@@ -157,8 +158,6 @@ def _tgmm_vjp(lhs, rhs, group_sizes, out_dtype, backend):
             lhs, rhs, group_sizes, dims, preferred_element_type=out_dtype
         )
         return out.astype(out_dtype)
-    if backend == "mosaic_gpu":
-        return _tgmm_mgpu.tgmm(lhs, rhs, group_sizes, out_dtype=out_dtype)
     return tgmm_on_backend(backend, lhs, rhs, group_sizes, out_dtype=out_dtype)
 
 

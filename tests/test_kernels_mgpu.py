@@ -412,6 +412,30 @@ def test_tgmm_op_and_bf16_grads_run_mosaic_gpu():
     assert rel_err(d_y, gmm64(lhs, d_w, sizes_np)) < 1e-2
 
 
+def test_ops_fall_back_to_triton_for_float32(monkeypatch):
+    """implementation="mosaic_gpu" with float32 operands (wgmma takes one 16-bit dtype): ragged_dot
+    and tgmm, forward and gradients, run the Triton kernels instead of raising."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a float32 operand reached a Mosaic GPU kernel")
+
+    monkeypatch.setattr(gmm_mgpu, "gmm", refuse)
+    monkeypatch.setattr(tgmm_mgpu, "tgmm", refuse)
+    rng = np.random.default_rng(13)
+    sizes_np = [20, 0, 12]
+    lhs, rhs, sizes = (
+        a.astype(jnp.float32) if a.dtype == BF16 else a for a in _inputs(rng, 32, 32, 16, sizes_np)
+    )
+    y = jnp.asarray(rng.standard_normal((32, 16)), jnp.float32)
+    w, vjp = jax.vjp(lambda a, b: moe_pallas.tgmm(a, b, sizes, implementation="mosaic_gpu"), lhs, y)
+    d_x, d_y = vjp(jnp.ones_like(w))
+    assert rel_err(w, tgmm64(lhs, y, sizes_np)) < 1e-5
+    assert rel_err(d_x, gmm64(y, jnp.ones_like(w), sizes_np, transpose_rhs=True)) < 1e-5
+    assert rel_err(d_y, gmm64(lhs, jnp.ones_like(w), sizes_np)) < 1e-5
+    out = moe_pallas.ragged_dot(lhs, rhs, sizes, implementation="mosaic_gpu")
+    assert rel_err(out, gmm64(lhs, rhs, sizes_np)) < 1e-5
+
+
 @pytest.mark.parametrize(
     "rows, k, n, groups, config",
     [
