@@ -4,8 +4,8 @@ Both take the backend by `implementation` ("auto", "pallas_triton", "xla", "mosa
 `moe_pallas._backend.resolve`. The Pallas path has a custom VJP built from the same two kernels
 (with "mosaic_gpu", each of them, forward or gradient, runs the Mosaic GPU kernel when its
 operands share one 16-bit dtype, e.g. a bf16 cotangent of bf16 operands, and the Triton kernel
-otherwise; with "auto" on
-Hopper, each gmm runs on Mosaic GPU where `kernels.gmm_mgpu.AUTO_TABLE` names its shape):
+otherwise; with "auto" on Hopper, each gmm runs on Mosaic GPU where `kernels.gmm_mgpu.AUTO_TABLE`
+names its shape):
 
     ragged_dot: out[m] = lhs[m] @ rhs[g(m)]        d_lhs = gmm(d_out, rhs, transpose_rhs)
                                                    d_rhs = tgmm(lhs, d_out)
