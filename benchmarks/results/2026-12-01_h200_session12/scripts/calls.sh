@@ -1,5 +1,6 @@
 # Session 12 device calls (one H200), in order; scratch probes ran from _ab/ (PYTHONPATH=.:_ab),
-# archived here (old_padded.py: c85cc4b's moe_pallas/kernels/tgmm_padded.py, the A/B's "old").
+# archived here; probe_common.py is session 11's (../../2026-12-01_h200_session11/scripts/), and the
+# A/B's "old" is c85cc4b's tgmm_padded: git show c85cc4b:moe_pallas/kernels/tgmm_padded.py > _ab/old_padded.py
 # 1 (c85cc4b): train-step traces; peak memory at the largest cases
 OUT=$OUT STEPS="profile memory" PROFILE_S=200 PROFILE_ARGS="--cases gptoss:2048,swiglu256:2048,gptoss:4096 --modes train" MEMORY_S=170 bash benchmarks/device_check.sh
 # 2 (795ea41's code before commit): slab kernel A/B in the train step (and its block variants); traces
