@@ -164,12 +164,16 @@ def _calls(kernel, cfg, p):
 
 
 def _candidates(kernel, cls, around_table=False):
-    if around_table:  # the table's entry and its bucketed-M variants (gmm kernels only)
+    if around_table:  # the table's entry, its bucketed-M and tail_m variants (gmm kernels only)
         entry = _config._TABLE[(kernel, cls)]
         lows = [m for m in (entry.block_m // 2, 16) if 16 <= m < entry.block_m]
-        if kernel == "tgmm" or not lows:
+        if kernel == "tgmm":
             return [entry]
-        return [entry, *(dataclasses.replace(entry, min_block_m=m) for m in dict.fromkeys(lows))]
+        # not for the plain gmm: its tail path was not run-to-run exact (kernels/gmm.py, Tails)
+        tails = [] if kernel == "gmm" else [dataclasses.replace(entry, tail_m=t) for t in (16, 32)]
+        tails = [c for c in tails if c != entry]
+        lows = [dataclasses.replace(entry, min_block_m=m) for m in dict.fromkeys(lows)]
+        return [entry, *lows, *tails]
     if kernel == "tgmm":
         return TGMM_CANDIDATES
     return (GLU_CANDIDATES if kernel == "gmm_glu" else GMM_CANDIDATES)[cls]
@@ -225,6 +229,7 @@ def render(table):
             f"{c.block_m}, {c.block_n}, {c.block_k}, group_m={c.group_m}, "
             f"num_warps={c.num_warps}, num_stages={c.num_stages}"
             + ("" if c.min_block_m is None else f", min_block_m={c.min_block_m}")
+            + (f", tail_m={c.tail_m}" if c.tail_m else "")
         )
         line = f'    ("{kernel}", "{cls}"): BlockConfig({args}),'
         if len(line) > 100:  # wrapped as ruff format would (line length 100)
@@ -244,7 +249,7 @@ def main(argv=None):
     parser.add_argument(
         "--around-table",
         action="store_true",
-        help="time only each table entry and its bucketed-M variants (min_block_m below block_m)",
+        help="time only each table entry and its bucketed-M variants (min_block_m below block_m) and tail_m variants",
     )
     args = parser.parse_args(argv)
 

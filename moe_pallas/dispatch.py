@@ -104,13 +104,23 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def tile_schedule(group_sizes: jax.Array, num_rows: int, block_m: int) -> TileSchedule:
-    """Visits (group, m-tile, row range) covering rows [0, num_rows) once each, in row order."""
+def tile_schedule(
+    group_sizes: jax.Array, num_rows: int, block_m: int, *, tail: int = 0
+) -> TileSchedule:
+    """Visits (group, m-tile, row range) covering rows [0, num_rows) once each, in row order.
+
+    Each visit of a group spans block_m rows from the group's first row on, but its last visit
+    takes up to block_m + tail rows: with tail > 0 a group of block_m + 8 rows is one visit (its
+    expert's weights read once, the kernel's tail path multiplying the 8 extra rows) instead of
+    two. The rows no group claims (past sum(group_sizes)) form pseudo-group G, in block_m visits.
+    """
     ends = jnp.minimum(cumsum(group_sizes), num_rows)
-    return schedule_from_ends(ends, num_rows, block_m)
+    return schedule_from_ends(ends, num_rows, block_m, tail=tail)
 
 
-def schedule_from_ends(group_ends: jax.Array, num_rows: int, block_m: int) -> TileSchedule:
+def schedule_from_ends(
+    group_ends: jax.Array, num_rows: int, block_m: int, *, tail: int = 0
+) -> TileSchedule:
     """`tile_schedule` from the groups' end rows (`[G]` int32, non-decreasing, at most num_rows),
     for callers that have them: one scan fewer."""
     num_groups = group_ends.shape[0]
@@ -118,12 +128,18 @@ def schedule_from_ends(group_ends: jax.Array, num_rows: int, block_m: int) -> Ti
     # The pseudo-group G holds the rows no real group claims.
     ends = jnp.concatenate([ends, jnp.array([num_rows], jnp.int32)])
     starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
-    tiles = (ends - starts + block_m - 1) // block_m
+    sizes = ends - starts
+    tiles = (sizes + block_m - 1) // block_m
+    if tail:
+        real = jnp.arange(num_groups + 1) < num_groups
+        merged = jnp.maximum((sizes - tail + block_m - 1) // block_m, 1)
+        tiles = jnp.where(real & (sizes > 0), merged, tiles)
     visit_end = cumsum(tiles)
     v = jnp.arange(num_visits(num_rows, num_groups, block_m), dtype=jnp.int32)
     group = searchsorted(visit_end, v, side="right")
     used = group <= num_groups
     group = jnp.minimum(group, num_groups)
     m_start = starts[group] + (v - (visit_end[group] - tiles[group])) * block_m
-    row_end = jnp.where(used, jnp.minimum(ends[group], m_start + block_m), m_start)
+    reach = block_m + jnp.where(v == visit_end[group] - 1, tail, 0) if tail else block_m
+    row_end = jnp.where(used, jnp.minimum(ends[group], m_start + reach), m_start)
     return TileSchedule(group=group, m_start=m_start, row_start=m_start, row_end=row_end)

@@ -233,8 +233,8 @@ def test_autotune_rewrites_a_loadable_table(tmp_path):
 
 
 def test_autotune_table_renders_min_block_m(tmp_path):
-    """A bucketed-M config (BlockConfig.min_block_m) survives the table's text, whose rows stay
-    within the line length."""
+    """Bucketed-M and tail configs (BlockConfig.min_block_m, tail_m) survive the table's text,
+    whose rows stay within the line length."""
     import importlib.util
 
     from benchmarks import autotune_gmm
@@ -242,6 +242,7 @@ def test_autotune_table_renders_min_block_m(tmp_path):
 
     table = {
         ("gmm_glu", "large"): config.BlockConfig(128, 256, 64, 8, 8, 4, min_block_m=16),
+        ("gmm_t", "small"): config.BlockConfig(128, 256, 64, 8, 8, 4, tail_m=16),
         ("tgmm", "large"): config.BlockConfig(64, 128, 128, 8, 4, 3),
     }
     text = autotune_gmm.render(table)

@@ -86,6 +86,40 @@ def test_tile_schedule_covers_each_row_once(sizes, num_rows, block_m):
     )  # one visit per block_m rows of a group
 
 
+@pytest.mark.parametrize(
+    "sizes, num_rows, block_m, tail",
+    [
+        ([16, 17, 24, 25, 0, 40, 41, 56, 57], 300, 16, 8),
+        ([33, 0, 1, 64, 65, 80], 260, 32, 16),
+        ([0, 0], 5, 16, 16),  # every row in the zero-filled tail
+    ],
+)
+def test_tile_schedule_tail(sizes, num_rows, block_m, tail):
+    """With tail, a group's last visit takes up to block_m + tail rows, its others block_m; the
+    pseudo-group of unclaimed rows keeps block_m visits; every row is covered once."""
+    sched = tile_schedule(jnp.asarray(sizes, jnp.int32), num_rows, block_m, tail=tail)
+    ends = np.minimum(np.cumsum(sizes), num_rows)
+    starts = np.concatenate([[0], ends[:-1]])
+    owner = np.full(num_rows, -1)
+    visits = np.zeros(len(sizes) + 1, int)
+    for g, m0, r0, r1 in zip(*(np.asarray(a) for a in sched)):
+        if r0 == r1:
+            continue
+        visits[g] += 1
+        assert m0 == r0 < r1
+        if g < len(sizes):
+            assert (r0 - starts[g]) % block_m == 0
+            assert r1 - r0 == block_m or r1 == ends[g]  # only the last visit is short or long
+            assert r1 - r0 <= block_m + tail
+        else:
+            assert r0 >= ends[-1] and r1 - r0 <= block_m
+        assert (owner[r0:r1] == -1).all()
+        owner[r0:r1] = g
+    assert (owner >= 0).all()
+    want = [max(1, -(-(s - tail) // block_m)) if s else 0 for s in sizes]
+    assert list(visits[: len(sizes)]) == want
+
+
 def test_large_inputs_take_the_binary_search_with_the_same_result(monkeypatch):
     import moe_pallas.dispatch as dispatch_module
 

@@ -213,16 +213,39 @@ def test_gmm_num_rows_and_validation():
 PATH_CFGS = [
     BlockConfig(block_m=64, block_n=32, block_k=16, group_m=2, min_block_m=16),  # 64, 32, 16
     BlockConfig(block_m=32, block_n=32, block_k=16, group_m=2, min_block_m=16),  # 32, 16
+    # 32, 16, and a last visit of up to 32 + 16 rows through the tail path
+    BlockConfig(block_m=32, block_n=32, block_k=16, group_m=2, min_block_m=16, tail_m=16),
 ]
+
+
+def _cfg_id(c):
+    return f"bm{c.block_m}-min{c.min_block_m}" + (f"-tail{c.tail_m}" if c.tail_m else "")
 
 
 def path_sizes(cfg):
     """Group sizes at the edges of every path p (1, p/2, p/2 + 1, p, p + 1), each after an empty
-    group; p + 1 rows past block_m take a second visit of 1 row."""
-    edges = sorted({s for p in cfg.m_paths() for s in (1, p // 2, p // 2 + 1, p, p + 1)})
+    group; p + 1 rows past block_m take a second visit of 1 row, or with tail_m the tail path,
+    whose edges (block_m + tail_m, + 1, and after a full visit) are added."""
+    edges = {s for p in cfg.m_paths() for s in (1, p // 2, p // 2 + 1, p, p + 1)}
+    bm, tail = cfg.block_m, cfg.tail_m
+    if tail:
+        edges |= {bm + tail, bm + tail + 1, 2 * bm + 1, 2 * bm + tail}
+    edges = sorted(edges)
     sizes = np.zeros(2 * len(edges), np.int32)
     sizes[1::2] = edges
     return sizes
+
+
+def visit_heights(cfg, size):
+    """The tile height that writes each row of a group of `size` rows: full block_m visits, the
+    last visit on the smallest path covering it or, past block_m, block_m rows then tail_m."""
+    bm, tail = cfg.block_m, cfg.tail_m
+    visits = max(1, -(-(size - tail) // bm)) if tail else -(-size // bm)
+    heights = [bm] * (bm * (visits - 1))
+    last = size - bm * (visits - 1)
+    if last > bm:
+        return heights + [bm] * bm + [tail] * (last - bm)
+    return heights + [min(p for p in cfg.m_paths() if p >= last)] * last
 
 
 def test_block_config_paths():
@@ -237,9 +260,14 @@ def test_block_config_paths():
         BlockConfig(128, min_block_m=24)
     with pytest.raises(ValueError, match="power of 2"):
         BlockConfig(128, min_block_m=8)
+    assert BlockConfig(128, tail_m=16).fit(4096, 64, 64).tail_m == 16
+    assert BlockConfig(128, tail_m=16).fit(40, 64, 64).tail_m == 0  # one tile holds every row
+    for bad in (8, 24, 256):
+        with pytest.raises(ValueError, match="tail_m"):
+            BlockConfig(128, tail_m=bad)
 
 
-@pytest.mark.parametrize("cfg", PATH_CFGS, ids=lambda c: f"bm{c.block_m}-min{c.min_block_m}")
+@pytest.mark.parametrize("cfg", PATH_CFGS, ids=_cfg_id)
 def test_gmm_path_choice(cfg, monkeypatch):
     """Each visit of r rows runs the smallest path p >= r: with the epilogue replaced by the tile
     height, every row reports the path that wrote it."""
@@ -256,15 +284,14 @@ def test_gmm_path_choice(cfg, monkeypatch):
     )
     want = np.zeros(m)
     for start, size in zip(group_bounds(sizes, m)[0], sizes):
-        for m0 in range(start, start + size, cfg.block_m):
-            r = min(start + size - m0, cfg.block_m)
-            want[m0 : m0 + r] = min(p for p in cfg.m_paths() if p >= r)
+        if size:
+            want[start : start + size] = visit_heights(cfg, int(size))
     assert (np.asarray(out) == want[:, None]).all()
     assert set(want[: sizes.sum()]) == set(cfg.m_paths()), "every path runs"
 
 
 @pytest.mark.parametrize("variant", ["plain", "transpose_gather", "swiglu", "gptoss"])
-@pytest.mark.parametrize("cfg", PATH_CFGS, ids=lambda c: f"bm{c.block_m}-min{c.min_block_m}")
+@pytest.mark.parametrize("cfg", PATH_CFGS, ids=_cfg_id)
 def test_gmm_paths(cfg, variant):
     """Every path at its edge sizes, with empty groups and rows past the last group (zeros).
     Poisoned inputs no visit may read: NaN weights (and bias) of the empty groups, NaN lhs rows

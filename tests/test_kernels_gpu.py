@@ -1,5 +1,6 @@
 """Compiled (Triton) kernels at the workloads' awkward sizes: K = 2880 = 45·64, N = 5760, tails."""
 
+import dataclasses
 import functools
 
 import jax
@@ -120,3 +121,65 @@ def test_auto_table_shapes_match_triton(n_dim):
         )
         assert rel_err(got, np.asarray(want, np.float64)) < 1e-6
         assert rel_err(got[:rows], ref) < 1e-2
+
+
+def check_tail_groups(variant, t, k, e, h, config=None):
+    """Rows of groups that end in the tail path, from one call at the given size, against the
+    float64 product of just those groups (weights drawn on the device: [E, H, 2H] in float64 on
+    the host would be 17 GB at gpt-oss sizes)."""
+    n = 2 * h if variant == "gptoss_glu" else h
+    rng = np.random.default_rng(11)
+    d = dispatch(jnp.asarray(rng.integers(0, e, (t, k)), jnp.int32), e)
+    keys = jax.random.split(jax.random.key(11), 3)
+    w = (jax.random.normal(keys[0], (e, h, n), jnp.float32) * h**-0.5).astype(jnp.bfloat16)
+    sizes, m = np.asarray(d.group_sizes), t * k
+    if variant == "gptoss_glu":
+        lhs = jax.random.normal(keys[1], (t, h), jnp.bfloat16)
+        kwargs = {
+            "lhs_row_index": d.row_token,
+            "activation": "gptoss",
+            "bias": jnp.asarray(rng.standard_normal((e, n)), jnp.bfloat16),
+            "row_scale": jnp.asarray(rng.random(m), jnp.float32),
+        }
+    else:
+        lhs = jax.random.normal(keys[1], (m, h), jnp.bfloat16)
+        if variant == "transposed":
+            kwargs = {"transpose_rhs": True}
+        else:
+            kwargs = {"row_scale": jnp.asarray(rng.random(m), jnp.float32)}
+    if config is None:
+        table = {"gptoss_glu": "gmm_glu", "transposed": "gmm_t"}.get(variant, "gmm")
+        config = moe_pallas.kernels.config.pick(table, m, e, h, h, kwargs.get("activation"))
+    tails = np.flatnonzero((sizes > config.block_m) & (sizes <= config.block_m + config.tail_m))
+    assert config.tail_m and len(tails) >= 4, (config, sizes.max())
+    run = lambda cfg: np.asarray(gmm(lhs, w, d.group_sizes, config=cfg, **kwargs))
+    out = run(config)
+    # Bit for bit the kernel without the tail path, twice: with the plain gmm's "small" config
+    # (bias-free, row-scaled, 256 columns) the tail path gave run-to-run different rows on the
+    # H200 (benchmarks/results/2026-12-01_h200_session13/), so a wrong row must not slip by.
+    assert np.array_equal(out, run(dataclasses.replace(config, tail_m=0)))
+    assert np.array_equal(out, run(config))
+    out = out.astype(np.float64)
+    chosen = tails[:4]
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    rows = np.concatenate([np.arange(starts[g], starts[g] + sizes[g]) for g in chosen])
+    sub = {a: v for a, v in kwargs.items() if a in ("activation", "transpose_rhs")}
+    if "bias" in kwargs:
+        sub["bias"] = np.asarray(kwargs["bias"])[chosen]
+    if "row_scale" in kwargs:
+        sub["row_scale"] = np.asarray(kwargs["row_scale"])[rows]
+    if "lhs_row_index" in kwargs:
+        sub["lhs_row_index"] = np.asarray(kwargs["lhs_row_index"])[rows]
+        sub_lhs = lhs
+    else:
+        sub_lhs = np.asarray(lhs, np.float32)[rows]
+    sub_w = np.asarray(w[jnp.asarray(chosen)], np.float32)
+    want = gmm64(sub_lhs, sub_w, jnp.asarray(sizes[chosen], jnp.int32), **sub)
+    assert rel_err(out[rows], want) < 1e-2
+
+
+@pytest.mark.parametrize("variant", ["gptoss_glu", "transposed"])
+def test_tail_path_at_128_rows_per_expert(variant):
+    """gpt-oss at T = 4096: ~half the experts get a few rows past block_m, which the table's
+    tail_m path multiplies in the visit before (kernels/gmm.py, Tails)."""
+    check_tail_groups(variant, 4096, 4, 128, 2880)

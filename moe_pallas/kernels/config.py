@@ -23,12 +23,23 @@ class BlockConfig:
     num_stages: int = 3
     # gmm: the smallest tile height of the bucketed-M paths (None: block_m only), see m_paths.
     min_block_m: int | None = None
+    # gmm: rows past block_m that a group's last visit may take (0: none), multiplied in the same
+    # k-loop by a second [tail_m, block_k] dot on the weight tiles already loaded, so a group a
+    # few rows above block_m does not stream its expert's weights a second time (kernels/gmm.py,
+    # Tails, also for why the plain gmm's entries keep 0).
+    tail_m: int = 0
 
     def __post_init__(self):
         if self.min_block_m is not None and (
             self.min_block_m < 16 or self.min_block_m & (self.min_block_m - 1)
         ):
             raise ValueError(f"min_block_m={self.min_block_m} must be a power of 2 >= 16.")
+        if self.tail_m and (
+            self.tail_m < 16 or self.tail_m & (self.tail_m - 1) or self.tail_m > self.block_m
+        ):
+            raise ValueError(
+                f"tail_m={self.tail_m} must be 0 or a power of 2 in [16, block_m={self.block_m}]."
+            )
 
     def m_paths(self) -> tuple[int, ...]:
         """gmm's tile heights block_m, block_m/2, ..., min_block_m: a visit of r rows runs the
@@ -46,6 +57,8 @@ class BlockConfig:
             block_n=pow2_block(self.block_n, n),
             block_k=pow2_block(self.block_k, k),
             min_block_m=None if self.min_block_m is None else min(self.min_block_m, block_m),
+            # a block_m shrunk to the problem holds every row: no group has a tail
+            tail_m=self.tail_m if block_m == self.block_m else 0,
         )
 
 
@@ -76,13 +89,13 @@ _TABLE: dict[tuple[str, str], BlockConfig] = {
         128, 128, 64, group_m=8, num_warps=8, num_stages=3, min_block_m=16
     ),
     ("gmm_glu", "small"): BlockConfig(
-        128, 128, 64, group_m=8, num_warps=8, num_stages=4, min_block_m=64
+        128, 128, 64, group_m=8, num_warps=8, num_stages=4, min_block_m=64, tail_m=16
     ),
     ("gmm_glu", "tiny"): BlockConfig(16, 64, 128, group_m=8, num_warps=4, num_stages=3),
     ("gmm_t", "large"): BlockConfig(
         128, 256, 64, group_m=8, num_warps=8, num_stages=3, min_block_m=16
     ),
-    ("gmm_t", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4),
+    ("gmm_t", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4, tail_m=16),
     ("gmm_t", "tiny"): BlockConfig(16, 64, 128, group_m=8, num_warps=4, num_stages=4),
     ("tgmm", "large"): BlockConfig(64, 128, 128, group_m=8, num_warps=4, num_stages=3),
     ("tgmm", "small"): BlockConfig(64, 128, 128, group_m=8, num_warps=4, num_stages=3),

@@ -19,6 +19,21 @@ swizzled in bands of `group_m` visits so that consecutive programs reuse one exp
 from L2 (compute-bound case); with few rows per expert, a narrow block_n spreads each hit expert's
 weights over all SMs (bandwidth-bound case). Triton needs power-of-2 blocks: K and N tails are
 masked.
+
+Tails (`BlockConfig.tail_m`). At ~128 rows per expert (T = 4096 in both workloads) about half
+the groups have a few rows past block_m, and a second visit for them streams the expert's whole
+weight slab again for a 16-row dot. With tail_m the schedule gives such a group's last visit up to
+block_m + tail_m rows, and the program multiplies the extra rows by a second [tail_m, block_k]
+dot on the rhs blocks it already loaded. On the H200 (2026-12-01, benchmarks/results/
+2026-12-01_h200_session13/, tail_m = 16 against 0 at the table's "small" configs): gpt-oss
+T = 4096 gate_up 1.452 against 1.508 ms, dx (gmm_t) 1.482 against 1.623; SwiGLU T = 4096
+gate_up 2.779 against 3.107, dx 2.813 against 3.009; T = 2048 within 1% (no group reaches 128
+rows); outputs bit for bit those without the tail path. At 256-512 rows per expert ("large") it
+was no faster, so the table sets it for the "small" gmm_glu and gmm_t only. The plain gmm's
+"small" config (non-transposed 256-column tiles with a row scale, as the down projection runs it)
+with tail_m gave rows that differed from run to run on the H200, rows of visits that do not use
+the tail path included (cause not found: the same code is bit-exact in interpret mode and with
+the other two configs), so it keeps tail_m = 0 and benchmarks/autotune_gmm.py does not offer it.
 """
 
 import functools
@@ -142,8 +157,8 @@ def _gmm_kernel(
     else:
         blocks = ((n0, bn, n_mask),)
 
-    def masks(bm):  # rows of the visit in a tile of bm rows from m0, and the store mask
-        rows = m0 + jnp.arange(bm, dtype=jnp.int32)
+    def masks(bm, off=0):  # rows of the visit in a tile of bm rows from m0 + off, store mask
+        rows = m0 + off + jnp.arange(bm, dtype=jnp.int32)
         row_ok = (rows >= row_start) & (rows < row_end)
         return row_ok, _and(row_ok[:, None], None if n_mask is None else n_mask[None, :])
 
@@ -155,24 +170,32 @@ def _gmm_kernel(
             mask=masks(bm)[1],
         )
 
-    def grouped_rows(bm):  # the visit's rows in a tile of bm rows (one of cfg.m_paths())
-        row_ok, out_mask = masks(bm)
+    def grouped_rows(bm, tail=0):
+        """The visit's rows in a tile of bm rows (one of cfg.m_paths()), and with tail the
+        [tail, ...] segment after it: both segments' dots use each loaded rhs block."""
+        segments = ((0, bm),) + (((bm, tail),) if tail else ())
+        row_masks = [masks(h, off) for off, h in segments]
         if gather:
-            src = _load(row_index_ref.at[pl.ds(m0, bm)], row_ok)
+            srcs = [
+                _load(row_index_ref.at[pl.ds(m0 + off, h)], row_ok)
+                for (off, h), (row_ok, _) in zip(segments, row_masks)
+            ]
 
         def body(i, accs):
             k0 = i * bk
             ks = k0 + jnp.arange(bk, dtype=jnp.int32)
             k_mask = ks < k_dim if k_dim % bk else None
-            # Rows outside the visit are not loaded: a group of 64 rows fills half a 128-row tile.
-            a_mask = _and(row_ok[:, None], None if k_mask is None else k_mask[None, :])
-            if gather:
-                a = _load(lhs_ref.at[src[:, None], ks[None, :]], a_mask)
-            else:
-                a = _load(lhs_ref.at[pl.ds(m0, bm), pl.ds(k0, bk)], a_mask)
-            a = a.astype(compute_dtype)
-            new = []
-            for acc, (c0, width, c_mask) in zip(accs, blocks):
+            lhs_tiles = []
+            for j, ((off, h), (row_ok, _)) in enumerate(zip(segments, row_masks)):
+                # Rows outside the visit are not loaded: 64 rows fill half a 128-row tile.
+                a_mask = _and(row_ok[:, None], None if k_mask is None else k_mask[None, :])
+                if gather:
+                    a = _load(lhs_ref.at[srcs[j][:, None], ks[None, :]], a_mask)
+                else:
+                    a = _load(lhs_ref.at[pl.ds(m0 + off, h), pl.ds(k0, bk)], a_mask)
+                lhs_tiles.append(a.astype(compute_dtype))
+            new = [list(seg) for seg in accs]
+            for c, (c0, width, c_mask) in enumerate(blocks):
                 kn_mask = _and(
                     None if k_mask is None else k_mask[:, None],
                     None if c_mask is None else c_mask[None, :],
@@ -181,41 +204,53 @@ def _gmm_kernel(
                     b = _load(
                         rhs_ref.at[g, pl.ds(c0, width), pl.ds(k0, bk)],
                         None if kn_mask is None else kn_mask.T,
-                    )
-                    new.append(acc + plgpu.dot(a, b.astype(compute_dtype), trans_b=True))
+                    ).astype(compute_dtype)
                 else:
                     b = _load(rhs_ref.at[g, pl.ds(k0, bk), pl.ds(c0, width)], kn_mask)
-                    new.append(acc + plgpu.dot(a, b.astype(compute_dtype)))
-            return tuple(new)
+                    b = b.astype(compute_dtype)
+                for j, a in enumerate(lhs_tiles):
+                    new[j][c] = new[j][c] + plgpu.dot(a, b, trans_b=transpose_rhs)
+            return tuple(tuple(seg) for seg in new)
 
-        accs = tuple(jnp.zeros((bm, width), jnp.float32) for _, width, _ in blocks)
-        accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), body, accs)
-        if has_bias:
-            accs = tuple(
-                acc + _load(bias_ref.at[g, pl.ds(c0, width)], c_mask).astype(jnp.float32)[None, :]
-                for acc, (c0, width, c_mask) in zip(accs, blocks)
-            )
-        if activation == "gptoss":
-            accs = jnp.unstack(accs[0].reshape(bm, bn, 2), axis=-1)  # (gate, up)
-        out = glu(accs[0], accs[1], activation) if activation else accs[0]
-        if has_row_scale:
-            scale = _load(row_scale_ref.at[pl.ds(m0, bm)], row_ok)
-            out = out * scale.astype(jnp.float32)[:, None]
-        plgpu.store(
-            out_ref.at[pl.ds(m0, bm), pl.ds(n0, bn)], out.astype(out_ref.dtype), mask=out_mask
+        accs = tuple(
+            tuple(jnp.zeros((h, width), jnp.float32) for _, width, _ in blocks) for _, h in segments
         )
+        accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), body, accs)
+        for (off, h), (row_ok, out_mask), seg in zip(segments, row_masks, accs):
+            if has_bias:
+                seg = tuple(
+                    acc
+                    + _load(bias_ref.at[g, pl.ds(c0, width)], c_mask).astype(jnp.float32)[None, :]
+                    for acc, (c0, width, c_mask) in zip(seg, blocks)
+                )
+            if activation == "gptoss":
+                seg = jnp.unstack(seg[0].reshape(h, bn, 2), axis=-1)  # (gate, up)
+            out = glu(seg[0], seg[1], activation) if activation else seg[0]
+            if has_row_scale:
+                scale = _load(row_scale_ref.at[pl.ds(m0 + off, h)], row_ok)
+                out = out * scale.astype(jnp.float32)[:, None]
+            plgpu.store(
+                out_ref.at[pl.ds(m0 + off, h), pl.ds(n0, bn)],
+                out.astype(out_ref.dtype),
+                mask=out_mask,
+            )
 
     # Path p takes the visits whose rows span p/2 < r <= p from m0 (the smallest path every
-    # r <= p, the largest every r > p/2): exactly one path runs per used visit.
+    # r <= p, the largest every r > p/2): exactly one path runs per used visit. With tail_m,
+    # a visit spanning more than block_m rows (a group's last, at most block_m + tail_m) runs
+    # the tail path instead.
     paths = cfg.m_paths()
     span = row_end - m0
+    run_grouped = used & (g < num_groups)
     for i, p in enumerate(paths):
-        run = used & (g < num_groups)
-        if i > 0:
+        run = run_grouped
+        if i > 0 or cfg.tail_m:
             run &= span <= p
         if i < len(paths) - 1:
             run &= span > p // 2
         pl.when(run)(functools.partial(grouped_rows, p))
+    if cfg.tail_m:
+        pl.when(run_grouped & (span > bm))(functools.partial(grouped_rows, bm, cfg.tail_m))
 
 
 def gmm(
@@ -282,7 +317,7 @@ def gmm(
         config = _config.pick(table_key, num_rows, num_groups, k_dim, n_out, activation)
     cfg = config.fit(num_rows, k_dim, n_out)
     sched = dispatch.schedule_from_ends(
-        clamp_group_ends(group_sizes, num_rows), num_rows, cfg.block_m
+        clamp_group_ends(group_sizes, num_rows), num_rows, cfg.block_m, tail=cfg.tail_m
     )
     num_visits = sched.group.shape[0]
     operands = [sched.group, sched.m_start, sched.row_start, sched.row_end]
