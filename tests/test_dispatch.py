@@ -49,66 +49,43 @@ def test_dispatch_rejects_bad_input():
         dispatch(jnp.zeros((4, 2), jnp.float32), 4)
 
 
-@pytest.mark.parametrize("block_m", [1, 4, 16])
-@pytest.mark.parametrize(
-    "sizes,num_rows",
-    [
-        ([3, 0, 5, 0, 8], 16),
-        ([0, 0, 0], 10),  # every row in the zero-filled tail
-        ([20], 20),
-        ([0, 20, 0], 23),  # rows past sum(group_sizes)
-        ([1], 1),
-        ([7, 9, 0, 2], 18),
-    ],
-)
-def test_tile_schedule_covers_each_row_once(sizes, num_rows, block_m):
-    sched = tile_schedule(jnp.asarray(sizes, jnp.int32), num_rows, block_m)
-    assert sched.group.shape == (num_visits(num_rows, len(sizes), block_m),)
-    owner = np.full(num_rows, -1)
-    ends = np.minimum(np.cumsum(sizes), num_rows)
-    starts = np.concatenate([[0], ends[:-1]])
-    for g, m0, r0, r1 in zip(*(np.asarray(a) for a in sched)):
-        if r0 == r1:
-            continue
-        assert m0 == r0 < r1 <= min(m0 + block_m, num_rows)
-        if g < len(sizes):
-            assert starts[g] <= r0 and r1 <= ends[g]
-            assert (r0 - starts[g]) % block_m == 0  # tiles start at the group's first row
-        else:
-            assert r0 >= ends[-1]
-        assert (owner[r0:r1] == -1).all()
-        owner[r0:r1] = g
-    assert (owner >= 0).all()
-    used = np.asarray(sched.row_start) < np.asarray(sched.row_end)
-    groups = np.append(ends - starts, num_rows - ends[-1])
-    assert used.sum() == sum(
-        -(-int(n) // block_m) for n in groups
-    )  # one visit per block_m rows of a group
+_SCHEDULE_CASES = [
+    ([3, 0, 5, 0, 8], 16),
+    ([0, 0, 0], 10),  # every row in the zero-filled tail
+    ([20], 20),
+    ([0, 20, 0], 23),  # rows past sum(group_sizes)
+    ([1], 1),
+    ([7, 9, 0, 2], 18),
+]
 
 
 @pytest.mark.parametrize(
     "sizes, num_rows, block_m, tail",
-    [
+    [(s, n, bm, 0) for bm in (1, 4, 16) for s, n in _SCHEDULE_CASES]
+    + [
         ([16, 17, 24, 25, 0, 40, 41, 56, 57], 300, 16, 8),
         ([33, 0, 1, 64, 65, 80], 260, 32, 16),
         ([0, 0], 5, 16, 16),  # every row in the zero-filled tail
     ],
 )
-def test_tile_schedule_tail(sizes, num_rows, block_m, tail):
-    """With tail, a group's last visit takes up to block_m + tail rows, its others block_m; the
-    pseudo-group of unclaimed rows keeps block_m visits; every row is covered once."""
+def test_tile_schedule_covers_each_row_once(sizes, num_rows, block_m, tail):
+    """Every row in one visit; a group's visits start at its first row and span block_m rows,
+    except its last, which is shorter or (with tail) up to block_m + tail rows; the pseudo-group
+    of unclaimed rows keeps block_m visits."""
     sched = tile_schedule(jnp.asarray(sizes, jnp.int32), num_rows, block_m, tail=tail)
+    assert sched.group.shape == (num_visits(num_rows, len(sizes), block_m),)
+    owner = np.full(num_rows, -1)
     ends = np.minimum(np.cumsum(sizes), num_rows)
     starts = np.concatenate([[0], ends[:-1]])
-    owner = np.full(num_rows, -1)
     visits = np.zeros(len(sizes) + 1, int)
     for g, m0, r0, r1 in zip(*(np.asarray(a) for a in sched)):
         if r0 == r1:
             continue
         visits[g] += 1
-        assert m0 == r0 < r1
+        assert m0 == r0 < r1 <= num_rows
         if g < len(sizes):
-            assert (r0 - starts[g]) % block_m == 0
+            assert starts[g] <= r0 and r1 <= ends[g]
+            assert (r0 - starts[g]) % block_m == 0  # tiles start at the group's first row
             assert r1 - r0 == block_m or r1 == ends[g]  # only the last visit is short or long
             assert r1 - r0 <= block_m + tail
         else:
@@ -116,8 +93,8 @@ def test_tile_schedule_tail(sizes, num_rows, block_m, tail):
         assert (owner[r0:r1] == -1).all()
         owner[r0:r1] = g
     assert (owner >= 0).all()
-    want = [max(1, -(-(s - tail) // block_m)) if s else 0 for s in sizes]
-    assert list(visits[: len(sizes)]) == want
+    want = [max(1, -(-(int(n) - tail) // block_m)) if n else 0 for n in ends - starts]
+    assert list(visits) == [*want, -(-(num_rows - int(ends[-1])) // block_m)]
 
 
 def test_large_inputs_take_the_binary_search_with_the_same_result(monkeypatch):
