@@ -169,11 +169,11 @@ def _candidates(kernel, cls, around_table=False):
         lows = [m for m in (entry.block_m // 2, 16) if 16 <= m < entry.block_m]
         if kernel == "tgmm":
             return [entry]
-        # not for the plain gmm: its tail path was not run-to-run exact (kernels/gmm.py, Tails)
-        tails = [] if kernel == "gmm" else [dataclasses.replace(entry, tail_m=t) for t in (16, 32)]
-        tails = [c for c in tails if c != entry]
-        lows = [dataclasses.replace(entry, min_block_m=m) for m in dict.fromkeys(lows)]
-        return [entry, *lows, *tails]
+        # the plain gmm not with tails under 64 rows: not run-to-run exact (kernels/gmm.py, Tails)
+        sizes = (0, 64) if kernel == "gmm" else (0, 16, 32, 64)
+        tails = [dataclasses.replace(entry, tail_m=t) for t in sizes if t <= entry.block_m]
+        lows = [dataclasses.replace(entry, min_block_m=m) for m in lows]
+        return list(dict.fromkeys([entry, *lows, *tails]))
     if kernel == "tgmm":
         return TGMM_CANDIDATES
     return (GLU_CANDIDATES if kernel == "gmm_glu" else GMM_CANDIDATES)[cls]

@@ -26,7 +26,7 @@ class BlockConfig:
     # gmm: rows past block_m that a group's last visit may take (0: none), multiplied in the same
     # k-loop by a second [tail_m, block_k] dot on the weight tiles already loaded, so a group a
     # few rows above block_m does not stream its expert's weights a second time (kernels/gmm.py,
-    # Tails, also for why the plain gmm's entries keep 0).
+    # Tails, also for why the plain gmm's tail is 64 rows, not 16).
     tail_m: int = 0
 
     def __post_init__(self):
@@ -82,7 +82,7 @@ _TABLE: dict[tuple[str, str], BlockConfig] = {
         128, 256, 64, group_m=8, num_warps=8, num_stages=4, min_block_m=64
     ),
     ("gmm", "small"): BlockConfig(
-        128, 256, 64, group_m=8, num_warps=8, num_stages=4, min_block_m=16
+        128, 256, 64, group_m=8, num_warps=8, num_stages=4, min_block_m=16, tail_m=64
     ),
     ("gmm", "tiny"): BlockConfig(16, 128, 128, group_m=8, num_warps=4, num_stages=3),
     ("gmm_glu", "large"): BlockConfig(
@@ -95,7 +95,7 @@ _TABLE: dict[tuple[str, str], BlockConfig] = {
     ("gmm_t", "large"): BlockConfig(
         128, 256, 64, group_m=8, num_warps=8, num_stages=3, min_block_m=16
     ),
-    ("gmm_t", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4, tail_m=16),
+    ("gmm_t", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4, tail_m=64),
     ("gmm_t", "tiny"): BlockConfig(16, 64, 128, group_m=8, num_warps=4, num_stages=4),
     ("tgmm", "large"): BlockConfig(64, 128, 128, group_m=8, num_warps=4, num_stages=3),
     ("tgmm", "small"): BlockConfig(64, 128, 128, group_m=8, num_warps=4, num_stages=3),

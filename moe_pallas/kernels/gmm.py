@@ -22,18 +22,20 @@ masked.
 
 Tails (`BlockConfig.tail_m`). At ~128 rows per expert (T = 4096 in both workloads) about half
 the groups have a few rows past block_m, and a second visit for them streams the expert's whole
-weight slab again for a 16-row dot. With tail_m the schedule gives such a group's last visit up to
-block_m + tail_m rows, and the program multiplies the extra rows by a second [tail_m, block_k]
-dot on the rhs blocks it already loaded. On the H200 (2026-12-01, benchmarks/results/
-2026-12-01_h200_session13/, tail_m = 16 against 0 at the table's "small" configs): gpt-oss
-T = 4096 gate_up 1.452 against 1.508 ms, dx (gmm_t) 1.482 against 1.623; SwiGLU T = 4096
-gate_up 2.779 against 3.107, dx 2.813 against 3.009; T = 2048 within 1% (no group reaches 128
-rows); outputs bit for bit those without the tail path. At 256-512 rows per expert ("large") it
-was no faster, so the table sets it for the "small" gmm_glu and gmm_t only. The plain gmm's
-"small" config (non-transposed 256-column tiles with a row scale, as the down projection runs it)
-with tail_m gave rows that differed from run to run on the H200, rows of visits that do not use
-the tail path included (cause not found: the same code is bit-exact in interpret mode and with
-the other two configs), so it keeps tail_m = 0 and benchmarks/autotune_gmm.py does not offer it.
+weight slab again for a few-row dot. With tail_m the schedule gives such a group's last visit up
+to block_m + tail_m rows, and the program multiplies the extra rows by a second [tail_m, block_k]
+dot on the rhs blocks it already loaded; outputs are bit for bit those without the tail path. On
+the H200 at T = 4096 (benchmarks/results/2026-12-01_h200_session13/ and
+2026-12-02_h200_session14/, one process each, against tail_m = 0): gate_up tail_m = 16, SwiGLU
+2.663 against 2.947 ms (gpt-oss: 1.452 against 1.508 in session 13, 1.400 against 1.305 in
+session 14); dx (gmm_t) tail_m = 64, SwiGLU 2.568 against 2.837, gpt-oss 1.370 against 1.562;
+down (plain gmm) tail_m = 64, SwiGLU 1.252 against 1.371, gpt-oss 0.680 against 0.712. At 256-512
+rows per expert ("large") it was no faster. The plain gmm does not take a 16-row tail: at the
+gpt-oss down projection without a bias (256-column tiles, 8 warps, row scale) rows 0-127 of the
+tail visits came out wrong and different from run to run on the H200, while the same kernel with
+a bias, at SwiGLU's shapes, or with a 64-row tail was exact (session 14, call 2; bit-exact in
+interpret mode; cause not found), so its entry uses 64 and benchmarks/autotune_gmm.py offers the
+plain gmm only 0 or 64.
 """
 
 import functools
