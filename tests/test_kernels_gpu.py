@@ -123,7 +123,7 @@ def test_auto_table_shapes_match_triton(n_dim):
         assert rel_err(got[:rows], ref) < 1e-2
 
 
-def check_tail_groups(variant, t, k, e, h, config=None):
+def check_tail_groups(variant, t, k, e, h):
     """Rows of groups that end in the tail path, from one call at the given size, against the
     float64 product of just those groups (weights drawn on the device: [E, H, 2H] in float64 on
     the host would be 17 GB at gpt-oss sizes)."""
@@ -147,9 +147,8 @@ def check_tail_groups(variant, t, k, e, h, config=None):
             kwargs = {"transpose_rhs": True}
         else:
             kwargs = {"row_scale": jnp.asarray(rng.random(m), jnp.float32)}
-    if config is None:
-        table = {"gptoss_glu": "gmm_glu", "transposed": "gmm_t"}.get(variant, "gmm")
-        config = moe_pallas.kernels.config.pick(table, m, e, h, h, kwargs.get("activation"))
+    table = {"gptoss_glu": "gmm_glu", "transposed": "gmm_t"}.get(variant, "gmm")
+    config = moe_pallas.kernels.config.pick(table, m, e, h, h, kwargs.get("activation"))
     tails = np.flatnonzero((sizes > config.block_m) & (sizes <= config.block_m + config.tail_m))
     assert config.tail_m and len(tails) >= 4, (config, sizes.max())
     run = lambda cfg: np.asarray(gmm(lhs, w, d.group_sizes, config=cfg, **kwargs))
