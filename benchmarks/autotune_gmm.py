@@ -169,9 +169,7 @@ def _candidates(kernel, cls, around_table=False):
         lows = [m for m in (entry.block_m // 2, 16) if 16 <= m < entry.block_m]
         if kernel == "tgmm":
             return [entry]
-        # the plain gmm not with tails under 64 rows: not run-to-run exact (kernels/gmm.py, Tails)
-        sizes = (0, 64) if kernel == "gmm" else (0, 16, 32, 64)
-        tails = [dataclasses.replace(entry, tail_m=t) for t in sizes if t <= entry.block_m]
+        tails = [dataclasses.replace(entry, tail_m=t) for t in (0, 32, 64) if t <= entry.block_m]
         lows = [dataclasses.replace(entry, min_block_m=m) for m in lows]
         return list(dict.fromkeys([entry, *lows, *tails]))
     if kernel == "tgmm":

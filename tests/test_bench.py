@@ -242,7 +242,7 @@ def test_autotune_table_renders_min_block_m(tmp_path):
 
     table = {
         ("gmm_glu", "large"): config.BlockConfig(128, 256, 64, 8, 8, 4, min_block_m=16),
-        ("gmm_t", "small"): config.BlockConfig(128, 256, 64, 8, 8, 4, tail_m=16),
+        ("gmm_t", "small"): config.BlockConfig(128, 256, 64, 8, 8, 4, tail_m=64),
         ("tgmm", "large"): config.BlockConfig(64, 128, 128, 8, 4, 3),
     }
     text = autotune_gmm.render(table)

@@ -155,7 +155,7 @@ def check_tail_groups(variant, t, k, e, h):
     out = run(config)
     # Bit for bit the kernel without the tail path, twice: with a 16-row tail the plain gmm's
     # "small" config (bias-free, row-scaled, 256 columns) gave run-to-run different rows on the
-    # H200 (benchmarks/results/2026-12-02_h200_session14/), so a wrong row must not slip by.
+    # H200 (kernels/gmm.py, Tails), so a wrong row must not slip by.
     assert np.array_equal(out, run(dataclasses.replace(config, tail_m=0)))
     assert np.array_equal(out, run(config))
     out = out.astype(np.float64)
@@ -178,7 +178,10 @@ def check_tail_groups(variant, t, k, e, h):
 
 
 @pytest.mark.parametrize("variant", ["gptoss_glu", "transposed", "plain"])
-def test_tail_path_at_128_rows_per_expert(variant):
-    """gpt-oss at T = 4096: ~half the experts get a few rows past block_m, which the table's
-    tail_m path multiplies in the visit before (kernels/gmm.py, Tails)."""
-    check_tail_groups(variant, 4096, 4, 128, 2880)
+@pytest.mark.parametrize("workload", ["gptoss", "swiglu"])
+def test_tail_path_at_128_rows_per_expert(variant, workload):
+    """T = 4096 at gpt-oss's (E = 128, k = 4, H = 2880) and SwiGLU's (E = 256, k = 8, H = 2048:
+    the down projection's K) routing: ~half the experts get a few rows past block_m, which the
+    table's tail_m path multiplies in the visit before (kernels/gmm.py, Tails)."""
+    e, k, h = (128, 4, 2880) if workload == "gptoss" else (256, 8, 2048)
+    check_tail_groups(variant, 4096, k, e, h)

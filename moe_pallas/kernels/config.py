@@ -26,7 +26,7 @@ class BlockConfig:
     # gmm: rows past block_m that a group's last visit may take (0: none), multiplied in the same
     # k-loop by a second [tail_m, block_k] dot on the weight tiles already loaded, so a group a
     # few rows above block_m does not stream its expert's weights a second time (kernels/gmm.py,
-    # Tails, also for why the plain gmm's tail is 64 rows, not 16).
+    # Tails, also for why no tail is 16 rows).
     tail_m: int = 0
 
     def __post_init__(self):
@@ -35,10 +35,11 @@ class BlockConfig:
         ):
             raise ValueError(f"min_block_m={self.min_block_m} must be a power of 2 >= 16.")
         if self.tail_m and (
-            self.tail_m < 16 or self.tail_m & (self.tail_m - 1) or self.tail_m > self.block_m
+            self.tail_m < 32 or self.tail_m & (self.tail_m - 1) or self.tail_m > self.block_m
         ):
             raise ValueError(
-                f"tail_m={self.tail_m} must be 0 or a power of 2 in [16, block_m={self.block_m}]."
+                f"tail_m={self.tail_m} must be 0 or a power of 2 in [32, block_m={self.block_m}] "
+                "(16-row tails computed wrong rows on the H200: kernels/gmm.py, Tails)."
             )
 
     def m_paths(self) -> tuple[int, ...]:
@@ -89,7 +90,7 @@ _TABLE: dict[tuple[str, str], BlockConfig] = {
         128, 128, 64, group_m=8, num_warps=8, num_stages=3, min_block_m=16
     ),
     ("gmm_glu", "small"): BlockConfig(
-        128, 128, 64, group_m=8, num_warps=8, num_stages=4, min_block_m=64, tail_m=16
+        128, 128, 64, group_m=8, num_warps=8, num_stages=4, min_block_m=64, tail_m=64
     ),
     ("gmm_glu", "tiny"): BlockConfig(16, 64, 128, group_m=8, num_warps=4, num_stages=3),
     ("gmm_t", "large"): BlockConfig(

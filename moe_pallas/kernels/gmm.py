@@ -25,17 +25,15 @@ the groups have a few rows past block_m, and a second visit for them streams the
 weight slab again for a few-row dot. With tail_m the schedule gives such a group's last visit up
 to block_m + tail_m rows, and the program multiplies the extra rows by a second [tail_m, block_k]
 dot on the rhs blocks it already loaded; outputs are bit for bit those without the tail path. On
-the H200 at T = 4096 (benchmarks/results/2026-12-01_h200_session13/ and
-2026-12-02_h200_session14/, one process each, against tail_m = 0): gate_up tail_m = 16, SwiGLU
-2.663 against 2.947 ms (gpt-oss: 1.452 against 1.508 in session 13, 1.400 against 1.305 in
-session 14); dx (gmm_t) tail_m = 64, SwiGLU 2.568 against 2.837, gpt-oss 1.370 against 1.562;
-down (plain gmm) tail_m = 64, SwiGLU 1.252 against 1.371, gpt-oss 0.680 against 0.712. At 256-512
-rows per expert ("large") it was no faster. The plain gmm does not take a 16-row tail: at the
-gpt-oss down projection without a bias (256-column tiles, 8 warps, row scale) rows 0-127 of the
-tail visits came out wrong and different from run to run on the H200, while the same kernel with
-a bias, at SwiGLU's shapes, or with a 64-row tail was exact (session 14, call 2; bit-exact in
-interpret mode; cause not found), so its entry uses 64 and benchmarks/autotune_gmm.py offers the
-plain gmm only 0 or 64.
+the H200 at T = 4096, tail_m = 64 against 0 (benchmarks/results/2026-12-02_h200_session15/, one
+process, kernels alone): gate_up gpt-oss 1.305 against 1.497 ms, SwiGLU 2.754 against 3.042;
+dx (gmm_t) SwiGLU 2.642 against 2.915; down (plain gmm, gpt-oss, no bias) 0.674 against 0.698.
+At 256-512 rows per expert ("large") it was no faster (session 13). No tail is 16 rows: the plain
+gmm with a 16-row tail (gpt-oss down without a bias: 128 x 256 tiles, 8 warps, row scale) wrote
+wrong rows, different from run to run, in the visit's main 128-row segment on the H200 (up to
+5312 rows in each of 8 runs, session 15; first seen in sessions 13-14), while 32- and 64-row
+tails and every other kernel were bit for bit exact, and interpret mode is exact: a fault of the
+compiled kernel whose cause was not found, so `BlockConfig` refuses tails under 32 rows.
 """
 
 import functools
