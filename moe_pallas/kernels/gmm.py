@@ -20,20 +20,21 @@ from L2 (compute-bound case); with few rows per expert, a narrow block_n spreads
 weights over all SMs (bandwidth-bound case). Triton needs power-of-2 blocks: K and N tails are
 masked.
 
-Tails (`BlockConfig.tail_m`). At ~128 rows per expert (T = 4096 in both workloads) about half
-the groups have a few rows past block_m, and a second visit for them streams the expert's whole
-weight slab again for a few-row dot. With tail_m the schedule gives such a group's last visit up
-to block_m + tail_m rows, and the program multiplies the extra rows by a second [tail_m, block_k]
-dot on the rhs blocks it already loaded; outputs are bit for bit those without the tail path. On
-the H200 at T = 4096, tail_m = 64 against 0 (benchmarks/results/2026-12-02_h200_session15/, one
-process, kernels alone): gate_up gpt-oss 1.305 against 1.497 ms, SwiGLU 2.754 against 3.042;
-dx (gmm_t) SwiGLU 2.642 against 2.915; down (plain gmm, gpt-oss, no bias) 0.674 against 0.698.
-At 256-512 rows per expert ("large") it was no faster (session 13). No tail is 16 rows: the plain
+Tails (`BlockConfig.tail_m`). At ~128 rows per expert (T = 4096 in both workloads) about half the
+groups have a few rows past block_m, and a second visit for them streams the expert's whole weight
+slab again for a few-row dot. With tail_m the schedule gives such a group's last visit up to
+block_m + tail_m rows, and the program multiplies the extra rows by a second [tail_m, block_k] dot
+on the rhs blocks it already loaded; outputs are bit for bit those without the tail path. On the
+H200 at T = 4096, tail_m = 64 against 0 (benchmarks/results/2026-12-02_h200_session15/, one process,
+kernels alone): gate_up gpt-oss 1.305 against 1.497 ms, SwiGLU 2.754 against 3.042; dx (gmm_t)
+SwiGLU 2.642 against 2.915; down (plain gmm, gpt-oss, no bias) 0.674 against 0.698. At 256-512 rows
+per expert ("large") 16- and 32-row tails were no faster (session 13). No tail is 16 rows: the plain
 gmm with a 16-row tail (gpt-oss down without a bias: 128 x 256 tiles, 8 warps, row scale) wrote
-wrong rows, different from run to run, in the visit's main 128-row segment on the H200 (up to
-5312 rows in each of 8 runs, session 15; first seen in sessions 13-14), while 32- and 64-row
-tails and every other kernel were bit for bit exact, and interpret mode is exact: a fault of the
-compiled kernel whose cause was not found, so `BlockConfig` refuses tails under 32 rows.
+wrong rows, different from run to run, in the visit's main 128-row segment on the H200 (up to 5312
+rows in each of 8 runs, session 15; first seen in sessions 13-14), while its 32- and 64-row tails
+and the GLU and transposed kernels' 16- and 64-row tails were bit for bit exact, and interpret mode
+is exact: a fault of the compiled kernel whose cause was not found, so `BlockConfig` refuses tails
+under 32 rows.
 """
 
 import functools
