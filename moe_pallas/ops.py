@@ -103,9 +103,11 @@ _ragged_dot_pallas.defvjp(_ragged_dot_fwd, _ragged_dot_bwd)
 
 def gmm_on_backend(backend, lhs, rhs, group_sizes, *, lhs_row_index=None, **kwargs):
     """`kernels.gmm` on Mosaic GPU where `backend` is "mosaic_gpu" and wgmma takes the operands,
-    else on Triton. Hopper's TMA cannot gather rows, so Mosaic GPU reads an XLA-gathered copy of
-    lhs (with Triton on the H200, such a copy + gmm ran 4-9% faster than the in-kernel gather).
-    Under "auto", only the shapes of `kernels.gmm_mgpu.AUTO_TABLE` run on Mosaic GPU."""
+    else on Triton. With a row index, Mosaic GPU reads an XLA-gathered copy of lhs: Hopper's TMA
+    cannot gather rows, and gmm_mgpu's own gather (cp.async, `kernels.row_gather_mgpu`) gave the
+    same bits 1.1-2.1x slower than the copy + TMA at the layer's gate_up and dlhs shapes on the
+    H200 (benchmarks/results/2026-12-02_h200_session16/). Under "auto", only the shapes of
+    `kernels.gmm_mgpu.AUTO_TABLE` run on Mosaic GPU."""
     plain = (
         lhs_row_index is None and not kwargs.get("activation") and not kwargs.get("transpose_rhs")
     )

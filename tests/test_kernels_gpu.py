@@ -185,3 +185,37 @@ def test_tail_path_at_128_rows_per_expert(variant, workload):
     table's tail_m path multiplies in the visit before (kernels/gmm.py, Tails)."""
     e, k, h = (128, 4, 2880) if workload == "gptoss" else (256, 8, 2048)
     check_tail_groups(variant, 4096, k, e, h)
+
+
+@pytest.mark.parametrize("t", [1, 256, 4096])
+@pytest.mark.parametrize("projection", ["gptoss_gate_up", "dlhs"])
+def test_mosaic_gpu_row_gather_equals_gathered_copy(projection, t):
+    """gmm_mgpu's cp.async row gather (kernels/row_gather_mgpu.py) against the same kernel on an
+    XLA-gathered copy of lhs: identical bits (same rows, same arithmetic), at gpt-oss's routing
+    and shapes, for the gate_up (GLU, bias, row scale) and the dlhs gmm (transposed rhs); interpret
+    mode cannot run the cp.async addressing. (The copy's results meet the oracle in
+    tests/test_fused.py's Mosaic GPU full-shape tests.)"""
+    from moe_pallas.kernels import gmm_mgpu
+
+    transpose = projection == "dlhs"
+    rng, d, x, w = _routed(t, 4, 128, 2880, 2880 if transpose else 5760, seed=t + 7)
+    kwargs = (
+        {"transpose_rhs": True}
+        if transpose
+        else {
+            "activation": "gptoss",
+            "bias": jnp.asarray(rng.standard_normal((128, 5760)), jnp.bfloat16),
+            "row_scale": jnp.asarray(rng.random(t * 4), jnp.float32),
+        }
+    )
+    run = jax.jit(
+        lambda x, w, sizes, rows, copy: gmm_mgpu.gmm(
+            x[rows] if copy else x, w, sizes, lhs_row_index=None if copy else rows, **kwargs
+        ),
+        static_argnums=4,
+    )
+    gathered = run(x, w, d.group_sizes, d.row_token, False)
+    assert np.array_equal(
+        np.asarray(gathered), np.asarray(run(x, w, d.group_sizes, d.row_token, True))
+    )
+    assert np.isfinite(np.asarray(gathered, np.float32)).all()

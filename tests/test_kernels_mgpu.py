@@ -146,6 +146,52 @@ def test_gmm_glu_matches_oracle(num_rows, group_sizes, with_epilogue, activation
     assert rel_err(out, ref) < 1e-5  # gate and up are exact in f32; the GLU runs in f32
 
 
+GATHER = gmm_mgpu.MosaicConfig(64, 64, 64, num_stages=3, grid_tile_n=2)  # 128-byte lhs rows
+
+
+@pytest.mark.parametrize(
+    "tokens, group_sizes, k, activation, transpose_rhs",
+    [
+        # ragged groups, an empty one, zero-filled tail rows; 4 k-steps through 3 ring slots
+        (37, [30, 0, 50, 13], 256, None, False),
+        (37, [30, 0, 50, 13], 64, "gptoss", False),  # one k-step: two empty commit groups
+        (16, [0, 70, 0, 0], 128, "swiglu", False),  # one hot expert, rows repeating tokens
+        (1, [0, 0, 1, 0], 128, None, True),  # T = 1, transposed rhs (the dlhs gmm)
+    ],
+)
+def test_gmm_row_gather_matches_oracle(tokens, group_sizes, k, activation, transpose_rhs):
+    """lhs_row_index: row m reads x[row_index[m]] in the kernel (interpret mode runs the ring's
+    schedule with synchronous row copies; the cp.async path runs in the gpu tests)."""
+    rng = np.random.default_rng(30 + tokens)
+    num_rows = sum(group_sizes) + 3  # 3 rows past the groups: stored as zeros
+    n = 256 if activation else 128
+    x, rhs, sizes = _inputs(rng, tokens, k, n, group_sizes, transpose_rhs=transpose_rhs)
+    rhs = rhs * 4  # gpt-oss's clamps at ±7 bite on some units
+    row_index = jnp.asarray(rng.integers(0, tokens, num_rows), jnp.int32)
+    bias = jnp.asarray(rng.standard_normal((4, n)), BF16)
+    row_scale = jnp.asarray(rng.random(num_rows) + 0.5, jnp.float32)
+    kw = {"transpose_rhs": transpose_rhs, "bias": bias, "activation": activation}
+    kw["row_scale"] = row_scale
+    out = gmm_mgpu.gmm(
+        x, rhs, sizes, lhs_row_index=row_index, out_dtype=jnp.float32, config=GATHER, **kw
+    )
+    assert out.shape == (num_rows, n // (2 if activation else 1))
+    assert rel_err(out, gmm64(x[row_index], rhs, sizes, **kw)) < 1e-5
+
+
+@pytest.mark.parametrize("config", [SMALL, WS_ROWS], ids=["block_k_32", "two_consumers"])
+def test_row_gather_falls_back_to_a_gathered_copy(config):
+    """A config whose tile cannot gather (32-column k-blocks: 64-byte rows; two consumers) reads
+    an XLA-gathered copy of lhs instead: same results."""
+    rng = np.random.default_rng(9)
+    x, rhs, sizes = _inputs(rng, 20, 64, 128, [30, 0, 50, 13])
+    row_index = jnp.asarray(rng.integers(0, 20, 96), jnp.int32)
+    out = gmm_mgpu.gmm(x, rhs, sizes, lhs_row_index=row_index, out_dtype=jnp.float32, config=config)
+    assert rel_err(out, gmm64(x[row_index], rhs, sizes)) < 1e-5
+    with pytest.raises(ValueError, match="1-D integer array"):
+        gmm_mgpu.gmm(x, rhs, sizes, lhs_row_index=row_index.reshape(2, 48), config=config)
+
+
 def test_decode_config_takes_64_row_tiles_at_least_64_columns_wide():
     """rows_class "tiny": 64-row tiles, block_n halved towards 4 pairs per SM but not below 64
     (narrower tiles misaligned on the H200); gpt-oss's GLU gets 6 stages (8 exceed its shared
@@ -302,6 +348,27 @@ def test_gmm_glu_lowers_for_h200(activation, rows, h, n, groups, config):
             _lower_for_h200(fn, *args, SDS((groups, n), BF16), SDS((rows,), jnp.float32))
         return
     text = _lower_for_h200(fn, *args, SDS((groups, n), BF16), SDS((rows,), jnp.float32))
+    assert "mosaic_gpu_v2" in text
+
+
+@pytest.mark.parametrize(
+    "activation, tokens, h, n, groups, transpose_rhs",
+    [
+        ("gptoss", 16384, 2880, 5760, 128, False),  # gate_up at T = 16384
+        ("gptoss", 1, 2880, 5760, 128, False),  # decode config
+        (None, 2048, 2880, 2880, 128, True),  # the dlhs gmm
+        ("swiglu", 2048, 4096, 4096, 256, False),
+    ],
+)
+def test_gmm_row_gather_lowers_for_h200(activation, tokens, h, n, groups, transpose_rhs):
+    """The cp.async row gather's inline Mosaic GPU code passes Mosaic GPU's lowering."""
+    top_k = 4 if groups == 128 else 8
+    rhs = SDS((groups, n, h) if transpose_rhs else (groups, h, n), BF16)
+    fn = lambda x, rhs, sizes, row_index: gmm_mgpu.gmm(
+        x, rhs, sizes, lhs_row_index=row_index, activation=activation, transpose_rhs=transpose_rhs
+    )
+    args = (SDS((tokens, h), BF16), rhs, SDS((groups,), jnp.int32))
+    text = _lower_for_h200(fn, *args, SDS((tokens * top_k,), jnp.int32))
     assert "mosaic_gpu_v2" in text
 
 

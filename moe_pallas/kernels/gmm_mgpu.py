@@ -4,8 +4,11 @@ Math. Rows m in [0, M) are split into G contiguous groups by `group_sizes`; row 
 `lhs[m] @ rhs[g]` (`rhs[g]` is `[K, N]`, or `[N, K]` with `transpose_rhs`), accumulated in float32
 by wgmma; the epilogue adds `bias[g]`, applies the GLU `activation` (rhs has 2·N_out columns:
 two accumulators per tile, gate and up, see `_kernel`) and multiplies by `row_scale[m]`, all in
-float32. Rows past sum(group_sizes) are written as zeros. Same contract as `kernels.gmm.gmm`
-without its row gather.
+float32. Rows past sum(group_sizes) are written as zeros. Same contract as `kernels.gmm.gmm`,
+its row gather included: with `lhs_row_index`, row m reads lhs[lhs_row_index[m]], copied into the
+kernel's own shared-memory ring by `kernels.row_gather_mgpu` (cp.async; Hopper's TMA cannot gather
+rows) where the config allows (one consumer, 128-byte k-blocks), else from an XLA-gathered copy.
+Exact, but on the H200 slower than the copy, so the layer passes the copy (`ops.gmm_on_backend`).
 
 Schedule. A persistent kernel: one CTA per SM walks the (visit, n-tile) pairs of a tile schedule,
 read as scalars from GMEM, so the grid does not depend on G (jax's `ragged_dot_mgpu` example
@@ -53,6 +56,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from moe_pallas import _backend, dispatch
 from moe_pallas.activations import glu
 from moe_pallas.kernels import config as _config
+from moe_pallas.kernels import row_gather_mgpu as _row_gather
 from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_ends, grouped_dims
 
 DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -429,25 +433,49 @@ def _kernel(
     has_bias: bool,
     has_row_scale: bool,
     activation: str | None,
+    gather: bool,
 ):
     """One warpgroup per CTA issues the TMA loads and the wgmma of [block_m, block_n] tiles; with
     SwiGLU, two accumulators (gate and up) from the two contiguous column halves of rhs; with
     gpt-oss, rhs arrives as uint32 [G, K, N / 2] (a (gate, up) bf16 pair per word) and each step
-    splits its slot into gate and up halves in shared memory (double-buffered by step parity)."""
+    splits its slot into gate and up halves in shared memory (double-buffered by step parity).
+    With `gather`, lhs rows come through the row index (`kernels.row_gather_mgpu`) into a ring of
+    num_stages slots of its own, a step's rows started when the step num_stages - 1 before it has
+    read its slot; rhs keeps the TMA pipeline."""
     it = iter(refs)
+    row_index_gmem = next(it) if gather else None
     bias_gmem = next(it) if has_bias else None
     row_scale_gmem = next(it) if has_row_scale else None
     out_gmem = next(it)
-    lhs_rows, k_dim = lhs_gmem.shape
+    lhs_rows = row_index_gmem.shape[0] if gather else lhs_gmem.shape[0]
+    k_dim = lhs_gmem.shape[1]
     n_dim = out_gmem.shape[1]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     n_tiles = n_dim // bn  # of the output: N / 2 columns with a GLU
+    k_steps, stages = k_dim // bk, cfg.num_stages
     parts = 2 if activation else 1
     interleaved = activation == "gptoss"
-    halves = {"halves_smem": plgpu.SMEM((2, 2, bk, bn), lhs_gmem.dtype)} if interleaved else {}
+    scratch = {"halves_smem": plgpu.SMEM((2, 2, bk, bn), lhs_gmem.dtype)} if interleaved else {}
+    if gather:
+        scratch |= {
+            "ring_smem": plgpu.SMEM(
+                (stages, bm, bk), lhs_gmem.dtype, transforms=_row_gather.TRANSFORMS
+            ),
+            "row_index_smem": plgpu.SMEM((bm,), jnp.int32),
+            "row_index_barrier": plgpu.Barrier(num_arrivals=1),
+        }
 
-    @functools.partial(pl.run_scoped, **_epilogue_scratch(1, parts, bm, bn), **halves)
-    def _scope(bias_smem, row_scale_smem, bias_barriers, row_scale_barriers, halves_smem=None):
+    @functools.partial(pl.run_scoped, **_epilogue_scratch(1, parts, bm, bn), **scratch)
+    def _scope(
+        bias_smem,
+        row_scale_smem,
+        bias_barriers,
+        row_scale_barriers,
+        halves_smem=None,
+        ring_smem=None,
+        row_index_smem=None,
+        row_index_barrier=None,
+    ):
         epilogue = _Epilogue(
             bias_gmem,
             row_scale_gmem,
@@ -467,8 +495,18 @@ def _kernel(
             # The lhs box: 8-row aligned (see the module docstring), ending inside lhs.
             a0 = pl.multiple_of(jnp.minimum(tile8_gmem[v], (lhs_rows - bm) // 8) * 8, 8)
 
+            def start_rows(step, slot):  # lhs rows a0.. of k-step `step` into ring slot `slot`
+                _row_gather.start_rows(lhs_gmem, row_index_smem, ring_smem.at[slot], step * bk)
+
             def product(*acc_refs):
-                def step(idx, a_smem, *b_smems):
+                def step(idx, *smems):
+                    if gather:
+                        kk = idx[0]
+                        # step kk's rows: at most stages - 2 younger groups may still pend
+                        _row_gather.wait_rows(stages - 2)
+                        a_smem, b_smems = ring_smem.at[kk % stages], smems
+                    else:
+                        a_smem, *b_smems = smems
                     if interleaved:
                         # The low 16 bits of a word are the gate (the even column), the high the up.
                         words = b_smems[0][...]
@@ -484,6 +522,13 @@ def _kernel(
                     # This step's wgmma groups stay in flight; the previous step's have read
                     # their slots before the pipeline (or the next split) refills them.
                     plgpu.wgmma_wait(parts)
+                    if gather:  # the previous step's lhs slot is free: refill it
+
+                        @pl.when((kk >= 1) & (kk - 1 + stages < k_steps))
+                        def _():
+                            start_rows(kk - 1 + stages, (kk - 1) % stages)
+
+                        _row_gather.commit_group()
 
                 # Column tile of part p: ni + p * n_tiles (SwiGLU's up half follows the gate).
                 rhs_specs = [
@@ -497,15 +542,24 @@ def _kernel(
                     for p in range(1 if interleaved else parts)
                 ]
                 rhs_g = rhs_gmem.at[jnp.minimum(g, num_groups - 1)]
+                lhs_specs = [plgpu.BlockSpec((bm, bk), lambda kk: (0, kk), delay_release=1)]
+                lhs_operands = [lhs_gmem.at[pl.ds(a0, bm)]]
+                if gather:
+                    lhs_specs, lhs_operands = [], []
+                    plgpu.copy_gmem_to_smem(
+                        row_index_gmem.at[pl.ds(a0, bm)], row_index_smem, row_index_barrier
+                    )
+                    plgpu.barrier_wait(row_index_barrier)
+                    for s in range(stages):  # one commit group per slot, empty past K
+                        if s < k_steps:
+                            start_rows(s, s)
+                        _row_gather.commit_group()
                 plgpu.emit_pipeline(
                     step,
-                    grid=(k_dim // bk,),
-                    in_specs=[
-                        plgpu.BlockSpec((bm, bk), lambda kk: (0, kk), delay_release=1),
-                        *rhs_specs,
-                    ],
-                    max_concurrent_steps=cfg.num_stages,
-                )(lhs_gmem.at[pl.ds(a0, bm)], *[rhs_g] * len(rhs_specs))
+                    grid=(k_steps,),
+                    in_specs=[*lhs_specs, *rhs_specs],
+                    max_concurrent_steps=stages,
+                )(*lhs_operands, *[rhs_g] * len(rhs_specs))
                 return tuple(acc_ref[...] for acc_ref in acc_refs)
 
             @pl.when(size > 0)
@@ -525,6 +579,20 @@ def _kernel(
                     _store_rows(o_smem, out_gmem, a0, row_start, size, ni * bn)
 
 
+def _gathers(config: MosaicConfig | None, k: int, dtype) -> bool:
+    """Whether the kernel gathers lhs rows itself under `config` (None: `default_config`, which
+    always can): one consumer warpgroup (it issues the row copies), two stages or more, and a
+    block_k of 128 bytes that divides K (`row_gather_mgpu.fits`)."""
+    cfg = config or MosaicConfig()
+    itemsize = jnp.dtype(dtype).itemsize
+    return (
+        cfg.consumers == 1
+        and cfg.num_stages >= 2
+        and k % cfg.block_k == 0
+        and _row_gather.fits(cfg.block_m, cfg.block_k, itemsize)
+    )
+
+
 def gmm(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -536,17 +604,29 @@ def gmm(
     row_scale: jax.Array | None = None,
     out_dtype=None,
     config: MosaicConfig | None = None,
+    lhs_row_index: jax.Array | None = None,
 ) -> jax.Array:
     """Grouped matmul (see the module docstring) with the Mosaic GPU backend.
 
     lhs `[M, K]`, rhs `[G, K, N]` (`[G, N, K]` if transpose_rhs), group_sizes `[G]` int32, bias
     `[G, N]` in rhs's column layout, activation None | "swiglu" | "gptoss" (then N = 2·N_out, in
-    the activation's column layout, see `moe_pallas.activations`), row_scale `[≥M]` (bias and row_scale floating, applied in float32). Returns
-    `[M, N_out]` in out_dtype (default lhs.dtype). Off GPU (`_backend.interpret_mode()`) it runs in
-    Mosaic GPU interpret mode: slow, for tests.
+    the activation's column layout, see `moe_pallas.activations`), row_scale `[≥M]` (bias and
+    row_scale floating, applied in float32). With lhs_row_index `[M]` (integers in [0, T)), row m
+    of the product reads lhs[lhs_row_index[m]] (lhs `[T, K]`; the module docstring says where the
+    kernel gathers it itself). Returns `[M, N_out]` in out_dtype
+    (default lhs.dtype). Off GPU (`_backend.interpret_mode()`) it runs in Mosaic GPU interpret
+    mode: slow, for tests.
     """
     if lhs.ndim != 2 or rhs.ndim != 3:
         raise ValueError(f"gmm needs lhs [M, K] and rhs [G, K, N]; got {lhs.shape}, {rhs.shape}.")
+    gather = lhs_row_index is not None
+    if gather and (lhs_row_index.ndim != 1 or not jnp.issubdtype(lhs_row_index.dtype, jnp.integer)):
+        raise ValueError(
+            f"lhs_row_index must be a 1-D integer array of lhs rows, got {lhs_row_index.dtype}"
+            f"{list(lhs_row_index.shape)}."
+        )
+    if gather and not _gathers(config, lhs.shape[1], lhs.dtype):
+        lhs, lhs_row_index, gather = lhs[lhs_row_index], None, False
     if lhs.dtype != rhs.dtype or lhs.dtype not in DTYPES:
         raise TypeError(
             f"gmm_mgpu needs bf16 or f16 lhs and rhs of one dtype (wgmma), got {lhs.dtype} and "
@@ -555,7 +635,7 @@ def gmm(
     if activation not in (None, "swiglu", "gptoss"):
         raise ValueError(f"gmm_mgpu: activation={activation!r} must be None, 'swiglu' or 'gptoss'.")
     num_groups, k_dim, n_dim = grouped_dims(lhs, rhs, group_sizes, transpose_rhs)
-    num_rows = lhs.shape[0]
+    num_rows = lhs_row_index.shape[0] if gather else lhs.shape[0]
     ws = config is not None and config.consumers == 2
     ws_glu_ok = activation != "gptoss" and config is not None and config.split == "m"
     if activation and (transpose_rhs or n_dim % 2 or (ws and not ws_glu_ok)):
@@ -582,14 +662,16 @@ def gmm(
     config = config or default_config(num_rows, num_groups, n_out, activation)
     cfg = config.fit(n_out, k_dim)
     sched = schedule(clamp_group_ends(group_sizes, num_rows), num_rows, cfg.cta_m)
-    # TMA boxes of cta_m rows at multiples of 8 must fit in lhs: pad short or ragged lhs (a copy;
-    # M = T·k is a multiple of 8 for k = 8, and for k = 4 at even T).
+    # TMA boxes of cta_m rows at multiples of 8 must fit in lhs (or its row index): pad short or
+    # ragged ones (a copy; M = T·k is a multiple of 8 for k = 8, and for k = 4 at even T).
     lhs_rows = max(-(-num_rows // 8) * 8, cfg.cta_m)
-    if lhs_rows > num_rows:
+    if gather:  # padding rows read x's row 0: computed, never stored
+        row_index = jnp.pad(lhs_row_index.astype(jnp.int32), (0, lhs_rows - num_rows))
+    elif lhs_rows > num_rows:
         lhs = jnp.pad(lhs, ((0, lhs_rows - num_rows), (0, 0)))
     if activation == "gptoss":  # one uint32 word per interleaved (gate, up) pair: a free bitcast
         rhs = jax.lax.bitcast_convert_type(rhs.reshape(num_groups, k_dim, n_out, 2), jnp.uint32)
-    operands = [*sched, lhs, rhs]
+    operands = [*sched, lhs, rhs] + ([row_index] if gather else [])
     if bias is not None:  # [G, parts, N_out]: the gate and up halves (a small copy for gpt-oss)
         bias = bias.astype(jnp.float32)
         if activation == "gptoss":
@@ -607,6 +689,7 @@ def gmm(
         transpose_rhs=transpose_rhs,
         has_bias=bias is not None,
         has_row_scale=row_scale is not None,
+        **({"gather": gather} if cfg.consumers == 1 else {}),
     )
     out = plgpu.kernel(
         kernel,
@@ -617,6 +700,6 @@ def gmm(
         interpret=plgpu.InterpretGPUParams() if _backend.interpret_mode() else None,
         num_threads=None if cfg.consumers == 1 else 3,
         thread_name=None if cfg.consumers == 1 else "wg",
-        kernel_name="gmm_mgpu_t" if transpose_rhs else "gmm_mgpu",
+        kernel_name="gmm_mgpu" + ("_t" if transpose_rhs else "") + ("_gather" if gather else ""),
     )(*operands)
     return out[:num_rows] if lhs_rows > num_rows else out
