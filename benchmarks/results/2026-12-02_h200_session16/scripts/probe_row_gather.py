@@ -11,7 +11,10 @@ XLA-gathered copy? One hand-pipelined kernel, two lhs loaders:
         step; before a step's wgmma, cp.async.wait_group, a proxy fence and a warpgroup barrier.
 
 out[m] = x[row_index[m]] @ w, M = T·k rows, w [K, N]. Times: median of 5 bursts (probe_common).
-Run: python probe_row_gather.py [--small] ; prints JSON lines.
+Run: python probe_row_gather.py [--small] ; prints JSON lines. Environment: PROBE_BN_STAGES="bn,stages"
+(default 128,4), PROBE_VARIANTS (default box,rows,cpasync), PROBE_SHORT=1 (two shapes), and two
+diagnostics: PROBE_ROWS=sequential (row m reads x[m // k]), PROBE_NO_FENCE=1 (cp.async without
+the proxy fence before wgmma: not a correct kernel, its time shows the fence's share).
 """
 
 import functools
@@ -72,6 +75,12 @@ def _cp_async_wait(n):
     wait()
 
 
+@plgpu.inline_mgpu()
+def _warpgroup_barrier(ctx):
+    del ctx
+    mgpu_utils.warpgroup_barrier()
+
+
 def _kernel(idx_gmem, lhs_gmem, w_gmem, out_gmem, *, gather):
     k_steps = lhs_gmem.shape[1] // BK
     mi, ni = jax.lax.axis_index("m"), jax.lax.axis_index("n")
@@ -130,7 +139,10 @@ def _kernel(idx_gmem, lhs_gmem, w_gmem, out_gmem, *, gather):
             plgpu.barrier_wait(bars.at[slot])
             if gather == "cpasync":  # step kk's group is done when at most STAGES - 2 are not
                 _cp_async_wait(STAGES - 2)
-                plgpu.commit_smem()
+                if os.environ.get("PROBE_NO_FENCE"):  # diagnostic only: no proxy fence
+                    _warpgroup_barrier()
+                else:
+                    plgpu.commit_smem()
             plgpu.wgmma(acc, a_mma.at[slot], b.at[slot])
             plgpu.wgmma_wait(1)  # step kk - 1's wgmma is done: its slot may be refilled
 
@@ -164,6 +176,9 @@ def matmul(x, row_index, w, gather):
 def main():
     small = "--small" in sys.argv
     shapes = [(512, 4, 256, 256)] if small else [
+        (16384, 4, 2880, 2816),
+        (2048, 4, 2880, 5760),
+    ] if os.environ.get("PROBE_SHORT") else [
         (16384, 4, 2880, 5760),  # gpt-oss gate_up at T = 16384 (Mosaic's AUTO_TABLE case)
         (16384, 4, 2880, 2816),  # gpt-oss down-like (N a multiple of 128)
         (2048, 4, 2880, 5760),  # gpt-oss gate_up rows at T = 2048 (as one group)
@@ -173,6 +188,8 @@ def main():
         x = jax.random.normal(kx, (t, k), jnp.bfloat16)
         w = (jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
         row_index = jax.random.randint(ki, (t * top_k,), 0, t, jnp.int32)
+        if os.environ.get("PROBE_ROWS") == "sequential":  # diagnostic: rows in order, x[m // k]
+            row_index = jnp.arange(t * top_k, dtype=jnp.int32) // top_k
         ref = jnp.dot(x[row_index], w, preferred_element_type=jnp.float32)
         row = dict(T=t, k=top_k, K=k, N=n, M=t * top_k, BN=BN, STAGES=STAGES)
         for gather in os.environ.get("PROBE_VARIANTS", "box,rows,cpasync").split(","):
