@@ -12,7 +12,8 @@ XLA-gathered copy? One hand-pipelined kernel, two lhs loaders:
 
 out[m] = x[row_index[m]] @ w, M = T·k rows, w [K, N]. Times: median of 5 bursts (probe_common).
 Run: python probe_row_gather.py [--small] ; prints JSON lines. Environment: PROBE_BN_STAGES="bn,stages"
-(default 128,4), PROBE_VARIANTS (default box,rows,cpasync), PROBE_SHORT=1 (two shapes), and two
+(default 128,4), PROBE_VARIANTS (default box,rows,cpasync; also wscp, a
+producer warpgroup issuing the cp.async rows), PROBE_SHORT=1 (two shapes), and two
 diagnostics: PROBE_ROWS=sequential (row m reads x[m // k]), PROBE_NO_FENCE=1 (cp.async without
 the proxy fence before wgmma: not a correct kernel, its time shows the fence's share).
 """
@@ -79,6 +80,83 @@ def _cp_async_wait(n):
 def _warpgroup_barrier(ctx):
     del ctx
     mgpu_utils.warpgroup_barrier()
+
+
+LAG = 2  # wscp: the producer signals step j's rows after issuing step j + LAG (LAG < STAGES)
+
+
+def _kernel_ws(idx_gmem, lhs_gmem, w_gmem, out_gmem):
+    """wscp: warpgroup 1 issues the rows (cp.async) and rhs (TMA) of each step into a ring
+    slot, and marks the slot full once its rows landed (LAG steps later); warpgroup 0 waits for
+    full slots, runs wgmma and hands each slot back through an "empty" barrier."""
+    k_steps = lhs_gmem.shape[1] // BK
+    mi, ni = jax.lax.axis_index("m"), jax.lax.axis_index("n")
+    m0, n0 = mi * BM, ni * BN
+    wg = jax.lax.axis_index("wg")
+
+    @functools.partial(
+        pl.run_scoped,
+        a=plgpu.SMEM((STAGES, BM, BK), jnp.bfloat16, transforms=SW),
+        b=plgpu.SMEM((STAGES, BK, BN), jnp.bfloat16, transforms=SW),
+        o=plgpu.SMEM((BM, BN), jnp.bfloat16),
+        idx=plgpu.SMEM((BM,), jnp.int32),
+        idx_bar=plgpu.Barrier(num_arrivals=1),
+        full=plgpu.Barrier(num_arrivals=2, num_barriers=STAGES),
+        empty=plgpu.Barrier(num_arrivals=1, num_barriers=STAGES),
+        collective_axes="wg",
+    )
+    def _(a, b, o, idx, idx_bar, full, empty):
+        @pl.when(wg == 1)
+        def _producer():
+            plgpu.copy_gmem_to_smem(idx_gmem.at[pl.ds(m0, BM)], idx, idx_bar)
+            plgpu.barrier_wait(idx_bar)
+
+            def issue(j, _):
+                slot = j % STAGES
+
+                @pl.when(j >= STAGES)
+                def _():
+                    plgpu.barrier_wait(empty.at[slot])
+
+                _cp_async_rows(lhs_gmem.at[:, pl.ds(j * BK, BK)], idx, a.at[slot])
+                _cp_async_commit()
+                plgpu.copy_gmem_to_smem(
+                    w_gmem.at[pl.ds(j * BK, BK), pl.ds(n0, BN)], b.at[slot], full.at[slot]
+                )
+
+                @pl.when(j >= LAG)
+                def _():
+                    _cp_async_wait(LAG)
+                    plgpu.commit_smem()  # every thread's rows landed and fenced
+                    plgpu.barrier_arrive(full.at[(j - LAG) % STAGES])
+
+            jax.lax.fori_loop(0, k_steps, issue, None)
+            _cp_async_wait(0)
+            plgpu.commit_smem()
+            for i in range(LAG):
+                plgpu.barrier_arrive(full.at[(k_steps - LAG + i) % STAGES])
+
+        @pl.when(wg == 0)
+        def _consumer():
+            def product(acc):
+                def step(kk, _):
+                    slot = kk % STAGES
+                    plgpu.barrier_wait(full.at[slot])
+                    plgpu.wgmma(acc, a.at[slot], b.at[slot])
+                    plgpu.wgmma_wait(1)
+
+                    @pl.when(kk >= 1)
+                    def _():
+                        plgpu.barrier_arrive(empty.at[(kk - 1) % STAGES])
+
+                jax.lax.fori_loop(0, k_steps, step, None)
+                plgpu.wgmma_wait(0)
+                return acc[...]
+
+            o[...] = pl.run_scoped(product, plgpu.ACC((BM, BN))).astype(o.dtype)
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o, out_gmem.at[pl.ds(m0, BM), pl.ds(n0, BN)])
+            plgpu.wait_smem_to_gmem(0)
 
 
 def _kernel(idx_gmem, lhs_gmem, w_gmem, out_gmem, *, gather):
@@ -164,11 +242,14 @@ def _kernel(idx_gmem, lhs_gmem, w_gmem, out_gmem, *, gather):
 def matmul(x, row_index, w, gather):
     m, (k, n) = row_index.shape[0], w.shape
     lhs = x[row_index] if gather == "box" else x
+    ws = gather == "wscp"
     return plgpu.kernel(
-        functools.partial(_kernel, gather=gather),
+        _kernel_ws if ws else functools.partial(_kernel, gather=gather),
         out_type=jax.ShapeDtypeStruct((m, n), jnp.bfloat16),
         grid=(m // BM, n // BN),
         grid_names=("m", "n"),
+        num_threads=2 if ws else None,
+        thread_name="wg" if ws else None,
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
     )(row_index, lhs, w)
 
