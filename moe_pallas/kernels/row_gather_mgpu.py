@@ -17,9 +17,10 @@ on a gathered copy) but slower: a 128 x 128 x 64 matmul at 257 TFLOP/s against 5
 gather + TMA boxes (4 or 5 stages alike; 64-column tiles with 8 stages 137), and `gmm_mgpu` at
 the layer's gate_up and dlhs shapes 1.1-2.1x the copy's time. So the layer keeps the copy
 (`ops.gmm_on_backend`). In the probe's kernel, rows read in order instead of at random took
-13-20% off, dropping the proxy fence 2-3%, and both together still left 1.7-1.8x the boxes' time:
-the loss is mostly the copies themselves, issued (8 per thread per step) and waited for by the
-warpgroup that runs the wgmma. A producer warpgroup issuing them was not tried.
+13-20% off, dropping the proxy fence 2-3%, and both together still left 1.7-1.8x the boxes' time;
+a producer warpgroup issuing the copies (the wgmma warpgroup only waiting) ran as slow as one
+warpgroup doing both. So the 16-byte cp.async path itself delivers rows at about half the rate of
+TMA's bulk boxes.
 
 Interpret mode (CPU) cannot run the inline Mosaic GPU code, so there `start_rows` copies each row
 with a Pallas load and store, synchronously, and the group calls do nothing: the kernels' schedule
