@@ -56,7 +56,7 @@ def _cp_async_rows(ctx, src_cols, row_index_smem, tile_smem):
     chunks_per_row = ROW_BYTES // _CHUNK
     for i in range(rows * chunks_per_row // _THREADS):
         chunk = arith.addi(thread, c(i * _THREADS, i32))
-        row = arith.shrui(chunk, c(3, i32))
+        row = arith.shrui(chunk, c(chunks_per_row.bit_length() - 1, i32))
         col = arith.andi(chunk, c(chunks_per_row - 1, i32))
         src_row = memref.load(row_index_smem, [arith.index_cast(ir.IndexType.get(), row)])
         src_off = arith.addi(
