@@ -33,11 +33,19 @@ def merge_gate_up(gate: jax.Array, up: jax.Array, activation: Activation) -> jax
     return jnp.concatenate([gate, up], axis=-1)
 
 
+def _clamp(x: jax.Array, low: float | None, high: float) -> jax.Array:
+    """min(max(x, low), high) whose gradient is 1 on the closed interval [low, high], as
+    torch.clamp's (gpt-oss's reference is PyTorch) and `glu_bwd`'s: jnp.minimum and jnp.clip
+    split a tie's gradient, 0.5 at exactly ±7, which a bf16 h hits (hypothesis found one, T = 1)."""
+    x = jnp.where(x > high, high, x)
+    return x if low is None else jnp.where(x < low, low, x)
+
+
 def glu(gate: jax.Array, up: jax.Array, activation: Activation) -> jax.Array:
     """The gated activation on already-split halves (works inside Pallas kernels too)."""
     if activation == "gptoss":
-        gate = jnp.minimum(gate, GPTOSS_LIMIT)
-        up = jnp.clip(up, -GPTOSS_LIMIT, GPTOSS_LIMIT)
+        gate = _clamp(gate, None, GPTOSS_LIMIT)
+        up = _clamp(up, -GPTOSS_LIMIT, GPTOSS_LIMIT)
         return (up + 1) * gate * jax.nn.sigmoid(GPTOSS_ALPHA * gate)
     return jax.nn.silu(gate) * up
 
@@ -47,7 +55,8 @@ def glu_bwd(
 ) -> tuple[jax.Array, jax.Array]:
     """(d_gate, d_up) of `glu` given the pre-activation halves and the output cotangent.
 
-    The clamps pass no gradient where they bite (matching jax.grad of `glu`).
+    The clamps pass no gradient where they bite, and all of it at exactly ±7 (matching jax.grad
+    of `glu`, and torch.clamp).
     """
     if activation == "gptoss":
         gate_c = jnp.minimum(gate, GPTOSS_LIMIT)

@@ -62,3 +62,17 @@ def test_glu_backward_lowers_for_h200(activation, rows, inter):
         lambda h, g, w: glu_backward(h, g, w, activation), *args, SDS((rows,), jnp.float32)
     )
     assert triton_calls(text) == 1
+
+
+def test_gptoss_clamp_gradient_at_exactly_the_limit():
+    """At gate or up exactly ±7 (a bf16 h hits it), jax.grad of `glu` passes the whole gradient,
+    as `glu_bwd` and torch.clamp do (jnp.minimum / jnp.clip would pass half: a tie)."""
+    gate = jnp.array([7.0, 7.0, -7.0, 6.5, 7.5, 3.0], jnp.float32)
+    up = jnp.array([7.0, -7.0, 1.0, 7.5, 2.0, -7.0], jnp.float32)
+    d_out = jnp.ones_like(gate)
+    _, vjp = jax.vjp(lambda g, u: glu(g, u, "gptoss"), gate, up)
+    want = glu_bwd(gate, up, d_out, "gptoss")
+    for got, expected in zip(vjp(d_out), want):
+        np.testing.assert_allclose(got, expected, rtol=1e-6)
+    assert float(want[0][0]) > 0 and float(want[1][0]) > 0  # the ties pass gradient
+    assert float(want[0][4]) == 0 and float(want[1][3]) == 0  # past the clamps: none
