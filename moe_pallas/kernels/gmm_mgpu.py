@@ -579,20 +579,6 @@ def _kernel(
                     _store_rows(o_smem, out_gmem, a0, row_start, size, ni * bn)
 
 
-def _gathers(config: MosaicConfig | None, k: int, dtype) -> bool:
-    """Whether the kernel gathers lhs rows itself under `config` (None: `default_config`, which
-    always can): one consumer warpgroup (it issues the row copies), two stages or more, and a
-    block_k of 128 bytes that divides K (`row_gather_mgpu.fits`)."""
-    cfg = config or MosaicConfig()
-    itemsize = jnp.dtype(dtype).itemsize
-    return (
-        cfg.consumers == 1
-        and cfg.num_stages >= 2
-        and k % cfg.block_k == 0
-        and _row_gather.fits(cfg.block_m, cfg.block_k, itemsize)
-    )
-
-
 def gmm(
     lhs: jax.Array,
     rhs: jax.Array,
@@ -625,8 +611,6 @@ def gmm(
             f"lhs_row_index must be a 1-D integer array of lhs rows, got {lhs_row_index.dtype}"
             f"{list(lhs_row_index.shape)}."
         )
-    if gather and not _gathers(config, lhs.shape[1], lhs.dtype):
-        lhs, lhs_row_index, gather = lhs[lhs_row_index], None, False
     if lhs.dtype != rhs.dtype or lhs.dtype not in DTYPES:
         raise TypeError(
             f"gmm_mgpu needs bf16 or f16 lhs and rhs of one dtype (wgmma), got {lhs.dtype} and "
@@ -661,6 +645,14 @@ def gmm(
         return jnp.zeros((num_rows, n_out), out_dtype)
     config = config or default_config(num_rows, num_groups, n_out, activation)
     cfg = config.fit(n_out, k_dim)
+    # The kernel gathers rows itself with one consumer warpgroup (it issues the copies), two
+    # stages or more, and 128-byte k-blocks; any other config reads an XLA-gathered copy.
+    if gather and not (
+        cfg.consumers == 1
+        and cfg.num_stages >= 2
+        and _row_gather.fits(cfg.block_m, cfg.block_k, lhs.dtype.itemsize)
+    ):
+        lhs, gather = lhs[lhs_row_index], False
     sched = schedule(clamp_group_ends(group_sizes, num_rows), num_rows, cfg.cta_m)
     # TMA boxes of cta_m rows at multiples of 8 must fit in lhs (or its row index): pad short or
     # ragged ones (a copy; M = T·k is a multiple of 8 for k = 8, and for k = 4 at even T).
