@@ -59,8 +59,8 @@ def glu_bwd(
     of `glu`, and torch.clamp).
     """
     if activation == "gptoss":
-        gate_c = jnp.minimum(gate, GPTOSS_LIMIT)
-        up_c = jnp.clip(up, -GPTOSS_LIMIT, GPTOSS_LIMIT)
+        gate_c = _clamp(gate, None, GPTOSS_LIMIT)
+        up_c = _clamp(up, -GPTOSS_LIMIT, GPTOSS_LIMIT)
         sig = jax.nn.sigmoid(GPTOSS_ALPHA * gate_c)
         glu_gate = gate_c * sig
         d_glu_gate = sig + GPTOSS_ALPHA * gate_c * sig * (1 - sig)
