@@ -21,6 +21,16 @@ from moe_pallas.kernels import gmm_mgpu
 from probe_common import wall_time
 
 
+def _time(variants, *args):
+    """({label_ms: median ms, same: copy and gather bitwise equal}, {label: output})."""
+    row, outs = {}, {}
+    for label, fn in variants.items():
+        outs[label] = jax.jit(fn)(*args)
+        row[label + "_ms"] = wall_time(fn, *args) * 1e3
+    row["same"] = bool(jnp.array_equal(outs["copy"], outs["gather"]))
+    return row, outs
+
+
 def main():
     spec = sys.argv[1] if len(sys.argv) > 1 else "gptoss:1,gptoss:16,gptoss:2048,gptoss:16384,swiglu256:1,swiglu256:2048"
     for item in spec.split(","):
@@ -38,30 +48,18 @@ def main():
             "gather": lambda x, wgu, gs, ri: gmm_mgpu.gmm(x, wgu, gs, lhs_row_index=ri, **kw),
             "triton": lambda x, wgu, gs, ri: gmm_triton(x, wgu, gs, lhs_row_index=ri, **kw),
         }
-        row = dict(case=case.name, kernel="gate_up")
-        outs = {}
-        for label, fn in variants.items():
-            outs[label] = jax.jit(fn)(x, wgu, d.group_sizes, d.row_token)
-            row[label + "_ms"] = wall_time(fn, x, wgu, d.group_sizes, d.row_token) * 1e3
-        row["same"] = bool(jnp.array_equal(outs["copy"], outs["gather"]))
+        row, outs = _time(variants, x, wgu, d.group_sizes, d.row_token)
         row["gather_vs_triton_maxdiff"] = float(
             jnp.max(jnp.abs(outs["gather"].astype(jnp.float32) - outs["triton"].astype(jnp.float32))))
-        print(json.dumps(row), flush=True)
+        print(json.dumps(dict(case=case.name, kernel="gate_up") | row), flush=True)
         # dlhs: g = dout[row_token] @ w_down^T
         dout = jax.random.normal(jax.random.key(3), x.shape, x.dtype)
-        wd = params["w_down"]
         tv = {
             "copy": lambda d_, wd, gs, ri: gmm_mgpu.gmm(d_[ri], wd, gs, transpose_rhs=True),
             "gather": lambda d_, wd, gs, ri: gmm_mgpu.gmm(d_, wd, gs, transpose_rhs=True, lhs_row_index=ri),
         }
-        row = dict(case=case.name, kernel="dlhs_t")
-        outs = {}
-        for label, fn in tv.items():
-            outs[label] = jax.jit(fn)(dout, wd, d.group_sizes, d.row_token)
-            row[label + "_ms"] = wall_time(fn, dout, wd, d.group_sizes, d.row_token) * 1e3
-        row["same"] = bool(jnp.array_equal(outs["copy"], outs["gather"]))
-        print(json.dumps(row), flush=True)
-
+        row, _ = _time(tv, dout, params["w_down"], d.group_sizes, d.row_token)
+        print(json.dumps(dict(case=case.name, kernel="dlhs_t") | row), flush=True)
 
 if __name__ == "__main__":
     main()
