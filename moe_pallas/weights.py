@@ -9,6 +9,10 @@ experts module (or give `prefix`, e.g. "model.layers.0.mlp.experts."). Layouts:
         gate_up_proj_bias [E, 2I]                              -> b_gate_up
         down_proj [E, I, H]                                    -> w_down
         down_proj_bias [E, H]                                  -> b_down
+    or, as the published gpt-oss checkpoints store the two weights, MXFP4-quantised (OCP
+    microscaling: 32 e2m1 values share one power-of-two scale), dequantised here exactly:
+        gate_up_proj_blocks [E, 2I, H/32, 16] uint8, gate_up_proj_scales [E, 2I, H/32] uint8
+        down_proj_blocks [E, H, I/32, 16] uint8,     down_proj_scales [E, H, I/32] uint8
   - "per_expert" (Qwen3-MoE, DeepSeek-V3, Mixtral-style linear weights `[out, in]`, activation
     "swiglu"), for e in 0..E-1:
         {e}.gate_proj.weight [I, H], {e}.up_proj.weight [I, H]  -> w_gate_up[e] = [gateᵀ | upᵀ]
@@ -21,6 +25,7 @@ from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from moe_pallas.layer import MoE
 
@@ -49,26 +54,79 @@ def _check_shape(name: str, array: jax.Array, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name} must have shape {list(shape)}, got {list(array.shape)}.")
 
 
-def _load_gpt_oss(tensors, prefix):
-    if prefix + "gate_up_proj_blocks" in tensors:
+# e2m1 code -> value: sign bit 3, exponent bits 2-1 (bias 1; 0 is subnormal), mantissa bit 0.
+_E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+_E8M0_NAN = 255  # the OCP scale code for NaN
+_DEFAULT_MXFP4_DTYPE = jnp.bfloat16  # holds every MXFP4 value exactly; transformers' default
+
+
+@jax.jit
+def _mxfp4_transposed(blocks, scales):
+    """One expert: blocks [R, G, 16] uint8 and scales [R, G] uint8 -> float32 [32·G, R], the
+    transpose of row r's values e2m1(code) · 2^(scale − 127), value 2j of a block from the low
+    nibble of byte j and value 2j + 1 from its high nibble."""
+    codes = jnp.stack([blocks & 0xF, blocks >> 4], axis=-1).reshape(*scales.shape, 32)
+    values = jnp.asarray(_E2M1)[codes]
+    # A power-of-two factor: exact in float32 while the product stays normal (scale >= 3).
+    values = jnp.ldexp(values, scales.astype(jnp.int32)[..., None] - 127)
+    return values.reshape(scales.shape[0], -1).T
+
+
+def _dequantize_mxfp4(tensors, prefix: str, name: str, shape: tuple[int, ...], dtype) -> jax.Array:
+    """`name`_blocks / `name`_scales -> the dense [E, K, N] weight `shape` in `dtype`."""
+    blocks, scales = (_get(tensors, f"{prefix}{name}_{part}") for part in ("blocks", "scales"))
+    experts, k, n = shape
+    if k % 32:
+        raise ValueError(f"{name}: MXFP4 blocks hold 32 values, but its input dimension is {k}.")
+    for part, array, want in (
+        ("blocks", blocks, (experts, n, k // 32, 16)),
+        ("scales", scales, (experts, n, k // 32)),
+    ):
+        if array.dtype != jnp.uint8:
+            raise ValueError(f"{name}_{part} must be uint8 (MXFP4), got {array.dtype}.")
+        _check_shape(f"{name}_{part}", array, want)
+    if bool(jnp.any(scales == _E8M0_NAN)):
         raise ValueError(
-            "tensors hold MXFP4-quantised gpt-oss experts (gate_up_proj_blocks/_scales); "
-            "dequantise them to gate_up_proj [E, H, 2I] first (e.g. load with transformers)."
+            f"{name}_scales holds the NaN scale code {_E8M0_NAN}: the checkpoint is corrupt."
         )
-    w_gate_up = _get(tensors, prefix + "gate_up_proj")
-    if w_gate_up.ndim != 3 or w_gate_up.shape[2] % 2:
-        raise ValueError(f"gate_up_proj must be [E, H, 2I], got {list(w_gate_up.shape)}.")
-    experts, hidden, two_inter = w_gate_up.shape
+    dense = jax.lax.map(lambda bs: _mxfp4_transposed(*bs).astype(dtype), (blocks, scales))
+    if not bool(jnp.all(jnp.isfinite(dense))):
+        raise ValueError(
+            f"{name} overflows {jnp.dtype(dtype).name} once dequantised (scales up to "
+            f"2^{int(jnp.max(scales)) - 127}); pass dtype=jnp.float32 or jnp.bfloat16."
+        )
+    return dense
+
+
+def _load_gpt_oss(tensors, prefix, dtype):
+    if prefix + "gate_up_proj_blocks" in tensors:
+        blocks = _get(tensors, prefix + "gate_up_proj_blocks")
+        if blocks.ndim != 4 or blocks.shape[3] != 16:
+            raise ValueError(
+                f"gate_up_proj_blocks must be [E, 2I, H/32, 16] (MXFP4), got {list(blocks.shape)}."
+            )
+        experts, two_inter, hidden = blocks.shape[0], blocks.shape[1], 32 * blocks.shape[2]
+    else:
+        w_gate_up = _get(tensors, prefix + "gate_up_proj")
+        if w_gate_up.ndim != 3:
+            raise ValueError(f"gate_up_proj must be [E, H, 2I], got {list(w_gate_up.shape)}.")
+        experts, hidden, two_inter = w_gate_up.shape
+    if two_inter % 2:
+        raise ValueError(f"gate_up_proj's 2I = {two_inter} must be even (gate/up pairs).")
     shapes = {
-        "w_gate_up": w_gate_up.shape,
+        "w_gate_up": (experts, hidden, two_inter),
         "b_gate_up": (experts, two_inter),
         "w_down": (experts, two_inter // 2, hidden),
         "b_down": (experts, hidden),
     }
     params = {}
     for name, source in _GPT_OSS.items():
-        params[name] = _get(tensors, prefix + source)
-        _check_shape(source, params[name], shapes[name])
+        if prefix + source + "_blocks" in tensors:
+            quantised_dtype = _DEFAULT_MXFP4_DTYPE if dtype is None else dtype
+            params[name] = _dequantize_mxfp4(tensors, prefix, source, shapes[name], quantised_dtype)
+        else:
+            params[name] = _get(tensors, prefix + source)
+            _check_shape(source, params[name], shapes[name])
     return params
 
 
@@ -112,7 +170,9 @@ def load_experts(
     tensors: Mapping[str, Any], layout: Layout, *, prefix: str = "", dtype: Any = None
 ) -> dict[str, jax.Array]:
     """Build `moe_experts` params (`w_gate_up [E, H, 2I]`, `w_down [E, I, H]`, biases for gpt_oss)
-    from checkpoint tensors in `layout` (see the module doc); cast to `dtype` if given."""
+    from checkpoint tensors in `layout` (see the module doc); cast to `dtype` if given. MXFP4
+    weights are dequantised to `dtype`, by default bfloat16 (exact: e2m1 values carry 2
+    significant bits); ValueError for a NaN scale code or a value `dtype` cannot hold."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}; use one of {LAYOUTS}.")
     if not isinstance(tensors, Mapping):
@@ -121,7 +181,9 @@ def load_experts(
             "e.g. safetensors.numpy.load_file(path)."
         )
     params = (
-        _load_gpt_oss(tensors, prefix) if layout == "gpt_oss" else _load_per_expert(tensors, prefix)
+        _load_gpt_oss(tensors, prefix, dtype)
+        if layout == "gpt_oss"
+        else _load_per_expert(tensors, prefix)
     )
     return {k: v if dtype is None else v.astype(dtype) for k, v in params.items()}
 

@@ -173,3 +173,136 @@ def test_set_expert_params_errors():
         set_expert_params(wider, params)
     with pytest.raises(TypeError, match="moe_pallas.MoE"):
         set_expert_params(object(), params)
+
+
+# MXFP4 (the published gpt-oss checkpoints' expert weights): H and I multiples of the 32-value block.
+QE, QH, QI = 3, 64, 32
+
+
+def e2m1(code):
+    """The OCP e2m1 value of a 4-bit code, from its bits: sign, 2 exponent bits (bias 1), 1 mantissa."""
+    sign = -1.0 if code & 8 else 1.0
+    exponent, mantissa = (code >> 1) & 3, code & 1
+    return sign * (mantissa / 2 if exponent == 0 else 2.0 ** (exponent - 1) * (1 + mantissa / 2))
+
+
+def mxfp4_reference(blocks, scales):
+    """float64 [E, 32·G, R] of blocks [E, R, G, 16] / scales [E, R, G], value by value: value 2j of
+    a block is byte j's low nibble, value 2j + 1 its high nibble, times 2^(scale - 127); then the
+    [R, K] -> [K, R] transpose transformers' GptOssExperts applies."""
+    experts, rows, groups, _ = blocks.shape
+    out = np.empty((experts, rows, 32 * groups))
+    for e, r, g, j in np.ndindex(blocks.shape):
+        scale = 2.0 ** (int(scales[e, r, g]) - 127)
+        out[e, r, 32 * g + 2 * j] = e2m1(blocks[e, r, g, j] & 0xF) * scale
+        out[e, r, 32 * g + 2 * j + 1] = e2m1(blocks[e, r, g, j] >> 4) * scale
+    return out.transpose(0, 2, 1)
+
+
+def gpt_oss_mxfp4_tensors(rng, scale_range=(112, 132)):
+    def quantised(rows, k):
+        blocks = rng.integers(0, 256, (QE, rows, k // 32, 16), dtype=np.uint8)
+        return blocks, rng.integers(*scale_range, (QE, rows, k // 32), dtype=np.uint8)
+
+    (gu_blocks, gu_scales), (d_blocks, d_scales) = quantised(2 * QI, QH), quantised(QH, QI)
+    return {
+        "gate_up_proj_blocks": gu_blocks,
+        "gate_up_proj_scales": gu_scales,
+        "gate_up_proj_bias": rng.standard_normal((QE, 2 * QI)).astype(np.float32),
+        "down_proj_blocks": d_blocks,
+        "down_proj_scales": d_scales,
+        "down_proj_bias": rng.standard_normal((QE, QH)).astype(np.float32),
+    }
+
+
+def test_e2m1_table_and_nibble_order():
+    assert [e2m1(c) for c in range(8)] == [0, 0.5, 1, 1.5, 2, 3, 4, 6]
+    tensors = gpt_oss_mxfp4_tensors(np.random.default_rng(10))
+    tensors["down_proj_blocks"][0, 5, 0, :] = 0
+    tensors["down_proj_blocks"][0, 5, 0, 0] = 0x2B  # low nibble 0xB = -1.5, high 0x2 = 1.0
+    tensors["down_proj_scales"][0, 5, 0] = 128
+    w_down = np.asarray(load_experts(tensors, "gpt_oss")["w_down"], np.float64)
+    np.testing.assert_array_equal(w_down[0, :32, 5], [-3.0, 2.0] + [0.0] * 30)
+
+
+@pytest.mark.parametrize("dtype", [None, jnp.float32])
+def test_mxfp4_dequantised_exactly(tmp_path, dtype):
+    rng = np.random.default_rng(11)
+    tensors = gpt_oss_mxfp4_tensors(rng)
+    path = tmp_path / "experts.safetensors"
+    safetensors.numpy.save_file({PREFIX + k: v for k, v in tensors.items()}, str(path))
+    params = load_experts(
+        safetensors.numpy.load_file(str(path)), "gpt_oss", prefix=PREFIX, dtype=dtype
+    )
+    assert params["w_gate_up"].dtype == (dtype or jnp.bfloat16)
+    dense = {
+        "gate_up_proj": mxfp4_reference(
+            tensors["gate_up_proj_blocks"], tensors["gate_up_proj_scales"]
+        ),
+        "down_proj": mxfp4_reference(tensors["down_proj_blocks"], tensors["down_proj_scales"]),
+    }
+    assert params["w_gate_up"].shape == (QE, QH, 2 * QI) and params["w_down"].shape == (QE, QI, QH)
+    np.testing.assert_array_equal(
+        np.asarray(params["w_gate_up"], np.float64), dense["gate_up_proj"]
+    )
+    np.testing.assert_array_equal(np.asarray(params["w_down"], np.float64), dense["down_proj"])
+    if dtype is None:
+        return
+    rng_x = np.random.default_rng(12)
+    x = rng_x.standard_normal((T, QH)).astype(np.float32) / 8
+    idx = np.stack([rng_x.choice(QE, K, replace=False) for _ in range(T)]).astype(np.int32)
+    weight = rng_x.random((T, K)).astype(np.float32)
+    out = moe_experts(x, idx, weight, params, activation="gptoss", implementation="xla")
+    reference = checkpoint_moe(gpt_oss_expert, {**tensors, **dense}, x, idx, weight)
+    assert rel_err(out, reference) < 1e-5
+
+
+def test_mxfp4_mixed_with_a_dense_weight():
+    tensors = gpt_oss_mxfp4_tensors(np.random.default_rng(13))
+    dense_down = mxfp4_reference(tensors.pop("down_proj_blocks"), tensors.pop("down_proj_scales"))
+    params = load_experts({**tensors, "down_proj": dense_down.astype(np.float32)}, "gpt_oss")
+    assert params["w_gate_up"].dtype == jnp.bfloat16 and params["w_down"].dtype == jnp.float32
+    np.testing.assert_array_equal(params["w_down"], dense_down)
+
+
+def test_mxfp4_scale_range():
+    tensors = gpt_oss_mxfp4_tensors(np.random.default_rng(14), scale_range=(3, 253))
+    for name in ("gate_up_proj", "down_proj"):  # the extreme codes, both present
+        tensors[f"{name}_scales"][0, 0, 0], tensors[f"{name}_scales"][0, 0, -1] = 3, 252
+    params = load_experts(tensors, "gpt_oss", dtype=jnp.float32)
+    reference = mxfp4_reference(tensors["gate_up_proj_blocks"], tensors["gate_up_proj_scales"])
+    np.testing.assert_array_equal(np.asarray(params["w_gate_up"], np.float64), reference)
+    with pytest.raises(ValueError, match="gate_up_proj overflows float16.*dtype=jnp.float32"):
+        load_experts(tensors, "gpt_oss", dtype=jnp.float16)
+    tensors["down_proj_scales"][1, 2, 0] = 255
+    with pytest.raises(ValueError, match="down_proj_scales holds the NaN scale code 255"):
+        load_experts(tensors, "gpt_oss")
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (
+            lambda t: t.update(gate_up_proj_blocks=t["gate_up_proj_blocks"].astype(np.int8)),
+            "gate_up_proj_blocks must be uint8",
+        ),
+        (
+            lambda t: t.update(down_proj_scales=t["down_proj_scales"][:, :-1]),
+            r"down_proj_scales must have shape \[3, 64, 1\]",
+        ),
+        (
+            lambda t: t.update(down_proj_blocks=t["down_proj_blocks"][..., :8]),
+            r"down_proj_blocks must have shape \[3, 64, 1, 16\]",
+        ),
+        (lambda t: t.pop("gate_up_proj_scales"), "no 'gate_up_proj_scales'"),
+        (
+            lambda t: t.update(gate_up_proj_blocks=t["gate_up_proj_blocks"][..., 0]),
+            r"gate_up_proj_blocks must be \[E, 2I, H/32, 16\]",
+        ),
+    ],
+)
+def test_mxfp4_errors(mutate, match):
+    tensors = gpt_oss_mxfp4_tensors(np.random.default_rng(15))
+    mutate(tensors)
+    with pytest.raises(ValueError, match=match):
+        load_experts(tensors, "gpt_oss")
