@@ -19,6 +19,7 @@ experts module (or give `prefix`, e.g. "model.layers.0.mlp.experts."). Layouts:
         {e}.down_proj.weight [H, I]                            -> w_down[e] = downᵀ
 """
 
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -60,7 +61,6 @@ _E8M0_NAN = 255  # the OCP scale code for NaN
 _DEFAULT_MXFP4_DTYPE = jnp.bfloat16  # holds every MXFP4 value exactly; transformers' default
 
 
-@jax.jit
 def _mxfp4_transposed(blocks, scales):
     """One expert: blocks [R, G, 16] uint8 and scales [R, G] uint8 -> float32 [32·G, R], the
     transpose of row r's values e2m1(code) · 2^(scale − 127), value 2j of a block from the low
@@ -70,6 +70,14 @@ def _mxfp4_transposed(blocks, scales):
     # A power-of-two factor: exact in float32 while the product stays normal (scale >= 3).
     values = jnp.ldexp(values, scales.astype(jnp.int32)[..., None] - 127)
     return values.reshape(scales.shape[0], -1).T
+
+
+@functools.partial(jax.jit, static_argnames="dtype")
+def _mxfp4_dense(blocks, scales, dtype):
+    """(dense [E, K, N] in dtype, whether a scale is the NaN code, whether all values are finite):
+    one expert at a time, so the float32 temporaries stay one expert's size."""
+    dense = jax.lax.map(lambda bs: _mxfp4_transposed(*bs).astype(dtype), (blocks, scales))
+    return dense, jnp.any(scales == _E8M0_NAN), jnp.all(jnp.isfinite(dense))
 
 
 def _dequantize_mxfp4(tensors, prefix: str, name: str, shape: tuple[int, ...], dtype) -> jax.Array:
@@ -85,12 +93,12 @@ def _dequantize_mxfp4(tensors, prefix: str, name: str, shape: tuple[int, ...], d
         if array.dtype != jnp.uint8:
             raise ValueError(f"{name}_{part} must be uint8 (MXFP4), got {array.dtype}.")
         _check_shape(f"{name}_{part}", array, want)
-    if bool(jnp.any(scales == _E8M0_NAN)):
+    dense, nan_scale, finite = _mxfp4_dense(blocks, scales, jnp.dtype(dtype))
+    if bool(nan_scale):
         raise ValueError(
             f"{name}_scales holds the NaN scale code {_E8M0_NAN}: the checkpoint is corrupt."
         )
-    dense = jax.lax.map(lambda bs: _mxfp4_transposed(*bs).astype(dtype), (blocks, scales))
-    if not bool(jnp.all(jnp.isfinite(dense))):
+    if not bool(finite):
         raise ValueError(
             f"{name} overflows {jnp.dtype(dtype).name} once dequantised (scales up to "
             f"2^{int(jnp.max(scales)) - 127}); pass dtype=jnp.float32 or jnp.bfloat16."
