@@ -306,3 +306,51 @@ def test_mxfp4_errors(mutate, match):
     mutate(tensors)
     with pytest.raises(ValueError, match=match):
         load_experts(tensors, "gpt_oss")
+
+
+def test_gpt_oss_mxfp4_checkpoint_into_a_layer(tmp_path):
+    """The README's recipe: one gpt-oss MLP block as the published checkpoints store it (router
+    Linear weight [E, H] and bias, MXFP4 experts) into an NNX MoE, against transformers'
+    GptOssMLP in float64 (router: top-k of the logits, softmax over those k)."""
+    rng = np.random.default_rng(16)
+    block = "model.layers.0.mlp."
+    tensors = {f"{block}experts.{k}": v for k, v in gpt_oss_mxfp4_tensors(rng).items()}
+    tensors[f"{block}router.weight"] = rng.standard_normal((QE, QH)).astype(np.float32)
+    tensors[f"{block}router.bias"] = rng.standard_normal(QE).astype(np.float32)
+    path = tmp_path / "model.safetensors"
+    safetensors.numpy.save_file(tensors, str(path))
+    tensors = safetensors.numpy.load_file(str(path))
+
+    layer = MoE(
+        QH,
+        QI,
+        QE,
+        K,
+        activation="gptoss",
+        router="topk_softmax",
+        router_bias=True,
+        expert_bias=True,
+        rngs=nnx.Rngs(0),
+    )
+    params = load_experts(tensors, "gpt_oss", prefix=f"{block}experts.", dtype=jnp.float32)
+    set_expert_params(layer, params)
+    layer.router_kernel[...] = jnp.asarray(tensors[f"{block}router.weight"]).T
+    layer.router_bias[...] = jnp.asarray(tensors[f"{block}router.bias"])
+    x = rng.standard_normal((T, QH)) / 8
+    out = layer(jnp.asarray(x, jnp.float32))
+
+    experts = {}
+    for name in ("gate_up_proj", "down_proj"):
+        blocks, scales = (tensors[f"{block}experts.{name}_{part}"] for part in ("blocks", "scales"))
+        experts[name] = mxfp4_reference(blocks, scales)
+        experts[f"{name}_bias"] = np.asarray(tensors[f"{block}experts.{name}_bias"], np.float64)
+    logits = (
+        x @ tensors[f"{block}router.weight"].T.astype(np.float64) + tensors[f"{block}router.bias"]
+    )
+    reference = np.zeros_like(x)
+    for t in range(T):
+        top = np.argsort(-logits[t])[:K]
+        weight = np.exp(logits[t, top] - logits[t, top].max())
+        weight /= weight.sum()
+        reference[t] = sum(w * gpt_oss_expert(experts, e, x[t]) for w, e in zip(weight, top))
+    assert rel_err(out, reference) < 1e-5
