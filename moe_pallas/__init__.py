@@ -6,7 +6,7 @@ from moe_pallas.layer import MoE
 from moe_pallas.ops import ragged_dot, tgmm
 from moe_pallas.parallel import expert_mesh
 from moe_pallas.routing import route
-from moe_pallas.weights import load_experts, set_expert_params
+from moe_pallas.weights import load_experts, read_safetensors, set_expert_params
 
 __all__ = [
     "MoE",
@@ -15,6 +15,7 @@ __all__ = [
     "load_experts",
     "moe_experts",
     "ragged_dot",
+    "read_safetensors",
     "route",
     "set_expert_params",
     "tgmm",

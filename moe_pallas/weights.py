@@ -1,8 +1,9 @@
 """Expert weights from checkpoint layouts into the `params` of `moe_experts` / a `MoE` layer.
 
-`tensors` is a mapping of names to arrays as read by safetensors (e.g.
-`safetensors.numpy.load_file(path)` or `safetensors.flax.load_file(path)`), names relative to the
-experts module (or give `prefix`, e.g. "model.layers.0.mlp.experts."). Layouts:
+`tensors` is a mapping of names to arrays as read by `read_safetensors(path)` (or
+`safetensors.numpy.load_file(path)`, `safetensors.flax.load_file(path)`, which cannot read FP8),
+names relative to the experts module (or give `prefix`, e.g. "model.layers.0.mlp.experts.").
+Layouts:
 
   - "gpt_oss" (transformers GptOssExperts, activation "gptoss"):
         gate_up_proj [E, H, 2I] (gate/up columns interleaved)  -> w_gate_up
@@ -17,9 +18,14 @@ experts module (or give `prefix`, e.g. "model.layers.0.mlp.experts."). Layouts:
     "swiglu"), for e in 0..E-1:
         {e}.gate_proj.weight [I, H], {e}.up_proj.weight [I, H]  -> w_gate_up[e] = [gateᵀ | upᵀ]
         {e}.down_proj.weight [H, I]                            -> w_down[e] = downᵀ
+    An FP8 weight (float8_e4m3fn, as the DeepSeek-V3 and Qwen3 FP8 checkpoints store them) comes
+    with `{e}.{proj}.weight_scale_inv` [ceil(out/128), ceil(in/128)], one float32 factor per
+    128 x 128 block, and is dequantised here as their loaders do: block · factor in float32.
 """
 
 import functools
+import json
+import os
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -41,6 +47,62 @@ _GPT_OSS = {
 _PER_EXPERT = re.compile(r"(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
 
 
+_SAFETENSORS_DTYPES = {
+    "F64": np.float64,
+    "F32": np.float32,
+    "F16": np.float16,
+    "BF16": jnp.bfloat16,  # jax's bfloat16 and float8 types are numpy dtypes (ml_dtypes)
+    "F8_E4M3": jnp.float8_e4m3fn,
+    "F8_E5M2": jnp.float8_e5m2,
+    "I64": np.int64,
+    "I32": np.int32,
+    "I16": np.int16,
+    "I8": np.int8,
+    "U64": np.uint64,
+    "U32": np.uint32,
+    "U16": np.uint16,
+    "U8": np.uint8,
+    "BOOL": np.bool_,
+}
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The tensors of a .safetensors file as read-only numpy arrays mapped from the file (bytes
+    are read when used, so one layer's experts of a large checkpoint cost one layer's reads),
+    FP8 included: safetensors' own numpy and flax loaders fail on float8 (0.8.0)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        size = int.from_bytes(head, "little") if len(head) == 8 else -1
+        try:
+            header = json.loads(f.read(size)) if size > 0 else None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            header = None
+        if size <= 0 or not isinstance(header, dict):
+            raise ValueError(f"{os.fspath(path)!r} is not a safetensors file (unreadable header).")
+        f.seek(0, os.SEEK_END)
+        data_bytes = f.tell() - 8 - size
+    data = (
+        np.memmap(path, np.uint8, mode="r", offset=8 + size)
+        if data_bytes > 0
+        else np.zeros(0, np.uint8)
+    )
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] not in _SAFETENSORS_DTYPES:
+            raise ValueError(
+                f"{name} has dtype {info['dtype']}, which read_safetensors does not know; "
+                f"known: {sorted(_SAFETENSORS_DTYPES)}."
+            )
+        begin, end = info["data_offsets"]
+        if not 0 <= begin <= end <= data_bytes:
+            raise ValueError(f"{name}'s bytes [{begin}, {end}) lie outside the file's data.")
+        dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
+        tensors[name] = data[begin:end].view(dtype).reshape(info["shape"])
+    return tensors
+
+
 def _get(tensors: Mapping[str, Any], key: str) -> jax.Array:
     if key not in tensors:
         nearby = sorted(tensors)[:8]
@@ -58,7 +120,9 @@ def _check_shape(name: str, array: jax.Array, shape: tuple[int, ...]) -> None:
 # e2m1 code -> value: sign bit 3, exponent bits 2-1 (bias 1; 0 is subnormal), mantissa bit 0.
 _E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 _E8M0_NAN = 255  # the OCP scale code for NaN
-_DEFAULT_MXFP4_DTYPE = jnp.bfloat16  # holds every MXFP4 value exactly; transformers' default
+# Quantised weights load as bf16 unless asked otherwise: it holds every MXFP4 value exactly, and
+# transformers loads MXFP4 gpt-oss experts as bf16 too.
+_DEFAULT_QUANTISED_DTYPE = jnp.bfloat16
 
 
 def _mxfp4_transposed(blocks, scales):
@@ -130,7 +194,7 @@ def _load_gpt_oss(tensors, prefix, dtype):
     params = {}
     for name, source in _GPT_OSS.items():
         if prefix + source + "_blocks" in tensors:
-            quantised_dtype = _DEFAULT_MXFP4_DTYPE if dtype is None else dtype
+            quantised_dtype = _DEFAULT_QUANTISED_DTYPE if dtype is None else dtype
             params[name] = _dequantize_mxfp4(tensors, prefix, source, shapes[name], quantised_dtype)
         else:
             params[name] = _get(tensors, prefix + source)
@@ -138,7 +202,35 @@ def _load_gpt_oss(tensors, prefix, dtype):
     return params
 
 
-def _load_per_expert(tensors, prefix):
+_FP8_BLOCK = 128  # the block edge of the FP8 checkpoints' weight_scale_inv
+_FLOAT_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64))
+
+
+def _per_expert_weight(tensors, key: str, shape: tuple[int, int], dtype) -> jax.Array:
+    """tensors[key] [out, in], checked against shape; an FP8 one times its block factors
+    (module doc), in `dtype` (default bfloat16)."""
+    weight = _get(tensors, key)
+    _check_shape(key, weight, shape)
+    scale_key = key + "_scale_inv"
+    if jnp.dtype(weight.dtype) in _FLOAT_DTYPES:
+        if scale_key in tensors:
+            raise ValueError(f"{scale_key} scales an FP8 weight, but {key} is {weight.dtype}.")
+        return weight
+    if not (jnp.issubdtype(weight.dtype, jnp.floating) and jnp.finfo(weight.dtype).bits == 8):
+        raise ValueError(f"{key} is {weight.dtype}: expert weights must be float (or FP8).")
+    if scale_key not in tensors:
+        raise ValueError(
+            f"{key} is {weight.dtype} but tensors has no {scale_key!r} (its 128 x 128 block "
+            "factors); FP8 values alone are not the weights."
+        )
+    scale = _get(tensors, scale_key)
+    _check_shape(scale_key, scale, tuple(-(-d // _FP8_BLOCK) for d in shape))
+    factor = jnp.repeat(jnp.repeat(scale.astype(jnp.float32), _FP8_BLOCK, 0), _FP8_BLOCK, 1)
+    dense = weight.astype(jnp.float32) * factor[: shape[0], : shape[1]]
+    return dense.astype(_DEFAULT_QUANTISED_DTYPE if dtype is None else dtype)
+
+
+def _load_per_expert(tensors, prefix, dtype):
     found = {}
     for key in tensors:
         match = _PER_EXPERT.fullmatch(key[len(prefix) :]) if key.startswith(prefix) else None
@@ -161,14 +253,16 @@ def _load_per_expert(tensors, prefix):
         raise ValueError(f"{prefix}0.gate_proj.weight must be [I, H], got {list(gate0.shape)}.")
     inter, hidden = gate0.shape
     gate_up, down = [], []
+    shapes = {
+        "gate_proj": (inter, hidden),
+        "up_proj": (inter, hidden),
+        "down_proj": (hidden, inter),
+    }
     for e in range(num_experts):
         weight = {
-            p: _get(tensors, f"{prefix}{e}.{p}.weight")
-            for p in ("gate_proj", "up_proj", "down_proj")
+            p: _per_expert_weight(tensors, f"{prefix}{e}.{p}.weight", shape, dtype)
+            for p, shape in shapes.items()
         }
-        _check_shape(f"{prefix}{e}.gate_proj.weight", weight["gate_proj"], (inter, hidden))
-        _check_shape(f"{prefix}{e}.up_proj.weight", weight["up_proj"], (inter, hidden))
-        _check_shape(f"{prefix}{e}.down_proj.weight", weight["down_proj"], (hidden, inter))
         gate_up.append(jnp.concatenate([weight["gate_proj"].T, weight["up_proj"].T], axis=1))
         down.append(weight["down_proj"].T)
     return {"w_gate_up": jnp.stack(gate_up), "w_down": jnp.stack(down)}
@@ -178,9 +272,10 @@ def load_experts(
     tensors: Mapping[str, Any], layout: Layout, *, prefix: str = "", dtype: Any = None
 ) -> dict[str, jax.Array]:
     """Build `moe_experts` params (`w_gate_up [E, H, 2I]`, `w_down [E, I, H]`, biases for gpt_oss)
-    from checkpoint tensors in `layout` (see the module doc); cast to `dtype` if given. MXFP4
-    weights are dequantised to `dtype`, by default bfloat16 (exact: e2m1 values carry 2
-    significant bits); ValueError for a NaN scale code or a value `dtype` cannot hold."""
+    from checkpoint tensors in `layout` (see the module doc); cast to `dtype` if given. MXFP4 and
+    FP8 weights are dequantised to `dtype`, by default bfloat16 (MXFP4 exactly: e2m1 values carry
+    2 significant bits); ValueError for a NaN scale code, a value `dtype` cannot hold, or FP8
+    values without their block factors."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}; use one of {LAYOUTS}.")
     if not isinstance(tensors, Mapping):
@@ -191,7 +286,7 @@ def load_experts(
     params = (
         _load_gpt_oss(tensors, prefix, dtype)
         if layout == "gpt_oss"
-        else _load_per_expert(tensors, prefix)
+        else _load_per_expert(tensors, prefix, dtype)
     )
     return {k: v if dtype is None else v.astype(dtype) for k, v in params.items()}
 

@@ -1,6 +1,8 @@
 """Weight import: real safetensors files in the gpt-oss and per-expert layouts, read back, converted
 by load_experts, checked against the checkpoint's own expert formula, and put into a MoE layer."""
 
+import json
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -8,6 +10,7 @@ import safetensors.flax
 import safetensors.numpy
 from flax import nnx
 
+import moe_pallas
 from moe_pallas import MoE, load_experts, moe_experts, set_expert_params
 
 E, H, I, T, K = 4, 8, 6, 10, 2
@@ -319,7 +322,7 @@ def test_gpt_oss_mxfp4_checkpoint_into_a_layer(tmp_path):
     tensors[f"{block}router.bias"] = rng.standard_normal(QE).astype(np.float32)
     path = tmp_path / "model.safetensors"
     safetensors.numpy.save_file(tensors, str(path))
-    tensors = safetensors.numpy.load_file(str(path))
+    tensors = moe_pallas.read_safetensors(path)
 
     layer = MoE(
         QH,
@@ -354,3 +357,141 @@ def test_gpt_oss_mxfp4_checkpoint_into_a_layer(tmp_path):
         weight /= weight.sum()
         reference[t] = sum(w * gpt_oss_expert(experts, e, x[t]) for w, e in zip(weight, top))
     assert rel_err(out, reference) < 1e-5
+
+
+def test_read_safetensors_matches_safetensors(tmp_path):
+    rng = np.random.default_rng(17)
+    tensors = {
+        "f32": rng.standard_normal((3, 5)).astype(np.float32),
+        "f16": rng.standard_normal(7).astype(np.float16),
+        "i32": rng.integers(-9, 9, (2, 2, 2)).astype(np.int32),
+        "u8": rng.integers(0, 256, 11).astype(np.uint8),
+        "flag": rng.random(4) > 0.5,
+        "scalar": np.asarray(2.5, np.float64),
+        "empty": np.zeros((0, 3), np.float32),
+    }
+    path = tmp_path / "plain.safetensors"
+    safetensors.numpy.save_file(tensors, str(path), metadata={"format": "np"})
+    read = moe_pallas.read_safetensors(path)
+    assert sorted(read) == sorted(tensors)
+    for name, value in safetensors.numpy.load_file(str(path)).items():
+        assert read[name].dtype == value.dtype and read[name].shape == value.shape, name
+        np.testing.assert_array_equal(read[name], value)
+    low = {
+        "bf16": jnp.asarray(rng.standard_normal((4, 3)), jnp.bfloat16),
+        "e4m3": jnp.asarray(rng.standard_normal((5, 2)) * 50, jnp.float8_e4m3fn),
+        "e5m2": jnp.asarray(rng.standard_normal(6), jnp.float8_e5m2),
+    }
+    path = tmp_path / "low.safetensors"
+    safetensors.flax.save_file(low, str(path))
+    read = moe_pallas.read_safetensors(path)
+    for name, value in low.items():
+        assert read[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(read[name].astype(np.float32), value.astype(jnp.float32))
+
+
+def test_read_safetensors_errors(tmp_path):
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{oops")
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        moe_pallas.read_safetensors(path)
+
+    def write(header, data):
+        text = json.dumps(header).encode()
+        path.write_bytes(len(text).to_bytes(8, "little") + text + data)
+
+    write({"z": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}}, bytes(8))
+    with pytest.raises(ValueError, match="z has dtype C64"):
+        moe_pallas.read_safetensors(path)
+    write({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, bytes(8))
+    with pytest.raises(ValueError, match=r"x's bytes \[0, 16\) lie outside"):
+        moe_pallas.read_safetensors(path)
+
+
+# FP8 experts (DeepSeek-V3 / Qwen3 FP8 checkpoints): float8_e4m3fn weights [out, in] with one
+# float32 factor per 128 x 128 block; sizes off the block edge.
+FE, FH, FI = 2, 264, 136
+
+
+def fp8_tensors(rng):
+    tensors = {}
+    for e in range(FE):
+        for proj, shape in (
+            ("gate_proj", (FI, FH)),
+            ("up_proj", (FI, FH)),
+            ("down_proj", (FH, FI)),
+        ):
+            key = f"{PREFIX}{e}.{proj}.weight"
+            tensors[key] = jnp.asarray(rng.standard_normal(shape) * 100, jnp.float8_e4m3fn)
+            blocks = (-(-shape[0] // 128), -(-shape[1] // 128))
+            tensors[key + "_scale_inv"] = (rng.random(blocks) * 1e-3 + 1e-4).astype(np.float32)
+    return tensors
+
+
+def fp8_reference(tensors, key):
+    """float32 [out, in]: each value times the factor of its 128 x 128 block, in float32."""
+    weight = np.asarray(tensors[key].astype(jnp.float32))
+    rows, cols = np.indices(weight.shape)
+    return weight * np.asarray(tensors[key + "_scale_inv"])[rows // 128, cols // 128]
+
+
+def test_fp8_experts_dequantised(tmp_path):
+    rng = np.random.default_rng(18)
+    path = tmp_path / "fp8.safetensors"
+    safetensors.flax.save_file(fp8_tensors(rng), str(path))
+    tensors = moe_pallas.read_safetensors(path)
+    params = load_experts(tensors, "per_expert", prefix=PREFIX, dtype=jnp.float32)
+    dense = {}
+    for e in range(FE):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            dense[f"{e}.{proj}.weight"] = fp8_reference(tensors, f"{PREFIX}{e}.{proj}.weight")
+    for e in range(FE):
+        want_gate_up = np.concatenate(
+            [dense[f"{e}.gate_proj.weight"].T, dense[f"{e}.up_proj.weight"].T], 1
+        )
+        np.testing.assert_array_equal(params["w_gate_up"][e], want_gate_up)
+        np.testing.assert_array_equal(params["w_down"][e], dense[f"{e}.down_proj.weight"].T)
+    default = load_experts(tensors, "per_expert", prefix=PREFIX)
+    assert default["w_down"].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(default["w_down"], params["w_down"].astype(jnp.bfloat16))
+    x = rng.standard_normal((T, FH)).astype(np.float32) / 16
+    idx = np.stack([rng.choice(FE, K, replace=False) for _ in range(T)]).astype(np.int32)
+    weight = rng.random((T, K)).astype(np.float32)
+    out = moe_experts(x, idx, weight, params, activation="swiglu", implementation="xla")
+    assert rel_err(out, checkpoint_moe(swiglu_expert, dense, x, idx, weight)) < 1e-5
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (
+            lambda t: t.pop(f"{PREFIX}1.up_proj.weight_scale_inv"),
+            "no '.*1.up_proj.weight_scale_inv'",
+        ),
+        (
+            lambda t: t.update(
+                {f"{PREFIX}0.down_proj.weight_scale_inv": np.ones((2, 2), np.float32)}
+            ),
+            r"0\.down_proj\.weight_scale_inv must have shape \[3, 2\]",
+        ),
+        (
+            lambda t: t.update(
+                {
+                    f"{PREFIX}0.gate_proj.weight": t[f"{PREFIX}0.gate_proj.weight"].astype(
+                        jnp.bfloat16
+                    )
+                }
+            ),
+            "scales an FP8 weight, but .*0.gate_proj.weight is bfloat16",
+        ),
+        (
+            lambda t: t.update({f"{PREFIX}1.down_proj.weight": np.zeros((FH, FI), np.int8)}),
+            "1.down_proj.weight is int8",
+        ),
+    ],
+)
+def test_fp8_errors(mutate, match):
+    tensors = fp8_tensors(np.random.default_rng(19))
+    mutate(tensors)
+    with pytest.raises(ValueError, match=match):
+        load_experts(tensors, "per_expert", prefix=PREFIX)
