@@ -18,6 +18,7 @@ Layouts:
     "swiglu"), for e in 0..E-1:
         {e}.gate_proj.weight [I, H], {e}.up_proj.weight [I, H]  -> w_gate_up[e] = [gateᵀ | upᵀ]
         {e}.down_proj.weight [H, I]                            -> w_down[e] = downᵀ
+    or with Mixtral's names {e}.w1.weight (gate), {e}.w3.weight (up), {e}.w2.weight (down).
     An FP8 weight (float8_e4m3fn, as the DeepSeek-V3 and Qwen3 FP8 checkpoints store them) comes
     with `{e}.{proj}.weight_scale_inv` [ceil(out/128), ceil(in/128)], one float32 factor per
     128 x 128 block, and is dequantised here as their loaders do: block · factor in float32.
@@ -44,7 +45,9 @@ _GPT_OSS = {
     "w_down": "down_proj",
     "b_down": "down_proj_bias",
 }
-_PER_EXPERT = re.compile(r"(\d+)\.(gate_proj|up_proj|down_proj)\.weight")
+_PER_EXPERT = re.compile(r"(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight")
+# Mixtral's names for the same three weights (w1 gate, w3 up, w2 down).
+_MIXTRAL = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 
 
 _SAFETENSORS_DTYPES = {
@@ -238,19 +241,24 @@ def _load_per_expert(tensors, prefix, dtype):
             found.setdefault(int(match.group(1)), set()).add(match.group(2))
     if not found:
         raise ValueError(
-            f"tensors has no '{prefix}{{e}}.gate_proj.weight' keys; check `layout` and `prefix`."
+            f"tensors has no '{prefix}{{e}}.gate_proj.weight' (or Mixtral's '{prefix}{{e}}.w1.weight') "
+            "keys; check `layout` and `prefix`."
         )
+    mixtral = any("w1" in names for names in found.values())
+    name = {p: _MIXTRAL[p] if mixtral else p for p in _MIXTRAL}
     num_experts = max(found) + 1
     for e in range(num_experts):
-        for proj in ("gate_proj", "up_proj", "down_proj"):
+        for proj in name.values():
             if proj not in found.get(e, ()):
                 raise ValueError(
                     f"tensors is missing {prefix}{e}.{proj}.weight (experts 0..{num_experts - 1} "
-                    "must all be present)."
+                    "must all be present, with one naming: gate/up/down_proj or w1/w3/w2)."
                 )
-    gate0 = _get(tensors, f"{prefix}0.gate_proj.weight")
+    gate0 = _get(tensors, f"{prefix}0.{name['gate_proj']}.weight")
     if gate0.ndim != 2:
-        raise ValueError(f"{prefix}0.gate_proj.weight must be [I, H], got {list(gate0.shape)}.")
+        raise ValueError(
+            f"{prefix}0.{name['gate_proj']}.weight must be [I, H], got {list(gate0.shape)}."
+        )
     inter, hidden = gate0.shape
     gate_up, down = [], []
     shapes = {
@@ -260,7 +268,7 @@ def _load_per_expert(tensors, prefix, dtype):
     }
     for e in range(num_experts):
         weight = {
-            p: _per_expert_weight(tensors, f"{prefix}{e}.{p}.weight", shape, dtype)
+            p: _per_expert_weight(tensors, f"{prefix}{e}.{name[p]}.weight", shape, dtype)
             for p, shape in shapes.items()
         }
         gate_up.append(jnp.concatenate([weight["gate_proj"].T, weight["up_proj"].T], axis=1))

@@ -495,3 +495,18 @@ def test_fp8_errors(mutate, match):
     mutate(tensors)
     with pytest.raises(ValueError, match=match):
         load_experts(tensors, "per_expert", prefix=PREFIX)
+
+
+def test_mixtral_names():
+    tensors = per_expert_tensors(np.random.default_rng(20))
+    renamed = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+    mixtral = {}
+    for key, value in tensors.items():
+        e, proj, _ = key.split(".")
+        mixtral[f"model.layers.1.block_sparse_moe.experts.{e}.{renamed[proj]}.weight"] = value
+    params = load_experts(mixtral, "per_expert", prefix="model.layers.1.block_sparse_moe.experts.")
+    for name, value in load_experts(tensors, "per_expert").items():
+        np.testing.assert_array_equal(params[name], value)
+    mixed = {**tensors, "3.w1.weight": tensors["3.gate_proj.weight"]}
+    with pytest.raises(ValueError, match=r"missing 0\.w1\.weight .* one naming"):
+        load_experts(mixed, "per_expert")
