@@ -1,12 +1,15 @@
 """`python -m moe_pallas demo`: run both reference workloads, check them against the oracle, time them.
 
-Exit status 1 if any result is outside its error bound (bf16: 2e-2, float32: 5e-3 relative
-Frobenius error, which admits tf32 tensor-core matmuls on GPU).
+With `--checkpoint FILE` the experts come from a checkpoint instead (`weights.load_experts`:
+gpt-oss, MXFP4 included, or per-expert SwiGLU weights, FP8 included), fed random tokens and
+routing. Exit status 1 if any result is outside its error bound (bf16: 2e-2, float32: 5e-3
+relative Frobenius error, which admits tf32 tensor-core matmuls on GPU).
 """
 
 import argparse
 import dataclasses
 import functools
+import os
 import time
 
 import jax
@@ -16,6 +19,7 @@ import numpy as np
 from moe_pallas.experts import moe_experts, resolve_implementation
 from moe_pallas.reference import moe_experts_reference
 from moe_pallas.routing import route
+from moe_pallas.weights import LAYOUTS, load_experts, read_safetensors
 
 TOLERANCE = {"bfloat16": 2e-2, "float32": 5e-3}
 
@@ -40,27 +44,63 @@ WORKLOADS = {
 SIZES = {"small": (64, 32, 8), "medium": (512, 4, 2), "full": (2048, 1, 1)}
 
 
-def make_case(workload: Workload, size: str, dtype, seed: int = 0):
-    """Random tokens, weights (scaled so activations stay O(1)) and routing for a workload."""
-    tokens, width_div, expert_div = SIZES[size]
-    hidden, inter = workload.hidden // width_div, workload.intermediate // width_div
-    num_experts = workload.num_experts // expert_div
-    keys = jax.random.split(jax.random.key(seed), 7)
-    normal = lambda key, shape, scale: scale * jax.random.normal(key, shape, jnp.float32)
-    params = {
-        "w_gate_up": normal(keys[0], (num_experts, hidden, 2 * inter), hidden**-0.5).astype(dtype),
-        "w_down": normal(keys[1], (num_experts, inter, hidden), inter**-0.5).astype(dtype),
-    }
-    if workload.biases:
-        params["b_gate_up"] = normal(keys[2], (num_experts, 2 * inter), 0.1).astype(dtype)
-        params["b_down"] = normal(keys[3], (num_experts, hidden), 0.1).astype(dtype)
-    x = normal(keys[4], (tokens, hidden), 1.0).astype(dtype)
-    logits = normal(keys[5], (tokens, num_experts), 1.0)
+def _normal(key, shape, scale):
+    return scale * jax.random.normal(key, shape, jnp.float32)
+
+
+def _tokens_and_routing(workload: Workload, tokens: int, dtype, key):
+    """Random tokens x [T, H] (unit variance, as after a norm) and their routing."""
+    key_x, key_logits = jax.random.split(key)
+    x = _normal(key_x, (tokens, workload.hidden), 1.0).astype(dtype)
+    logits = _normal(key_logits, (tokens, workload.num_experts), 1.0)
     renormalize = workload.router == "softmax_topk"
     topk_idx, topk_weight, _ = route(
         logits, workload.top_k, method=workload.router, renormalize=renormalize
     )
-    return x, topk_idx, topk_weight, params
+    return x, topk_idx, topk_weight
+
+
+def make_case(workload: Workload, size: str, dtype, seed: int = 0):
+    """Random tokens, weights (scaled so activations stay O(1)) and routing for a workload, at
+    `size` (SIZES); returns (the workload at that size, (x, topk_idx, topk_weight, params))."""
+    tokens, width_div, expert_div = SIZES[size]
+    workload = dataclasses.replace(
+        workload,
+        hidden=workload.hidden // width_div,
+        intermediate=workload.intermediate // width_div,
+        num_experts=workload.num_experts // expert_div,
+    )
+    hidden, inter, num_experts = workload.hidden, workload.intermediate, workload.num_experts
+    keys = jax.random.split(jax.random.key(seed), 5)
+    params = {
+        "w_gate_up": _normal(keys[0], (num_experts, hidden, 2 * inter), hidden**-0.5).astype(dtype),
+        "w_down": _normal(keys[1], (num_experts, inter, hidden), inter**-0.5).astype(dtype),
+    }
+    if workload.biases:
+        params["b_gate_up"] = _normal(keys[2], (num_experts, 2 * inter), 0.1).astype(dtype)
+        params["b_down"] = _normal(keys[3], (num_experts, hidden), 0.1).astype(dtype)
+    return workload, (*_tokens_and_routing(workload, tokens, dtype, keys[4]), params)
+
+
+def checkpoint_case(path, layout: str, prefix: str, top_k: int, tokens: int, dtype, seed: int = 0):
+    """The experts of a checkpoint file (`load_experts(read_safetensors(path), layout, prefix=)`,
+    in `dtype`) with random tokens routed to top_k of them; returns (workload, case) as make_case."""
+    params = load_experts(read_safetensors(path), layout, prefix=prefix, dtype=dtype)
+    num_experts, hidden, two_inter = params["w_gate_up"].shape
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"--top-k={top_k} must be in [1, {num_experts}] (the file's experts).")
+    gpt_oss = layout == "gpt_oss"
+    workload = Workload(
+        name=os.path.basename(os.fspath(path)),
+        hidden=hidden,
+        intermediate=two_inter // 2,
+        num_experts=num_experts,
+        top_k=top_k,
+        activation="gptoss" if gpt_oss else "swiglu",
+        router="topk_softmax" if gpt_oss else "softmax_topk",
+        biases="b_gate_up" in params,
+    )
+    return workload, (*_tokens_and_routing(workload, tokens, dtype, jax.random.key(seed)), params)
 
 
 def _median_ms(fn, *args, repeats: int) -> float:
@@ -73,13 +113,12 @@ def _median_ms(fn, *args, repeats: int) -> float:
     return 1e3 * float(np.median(times))
 
 
-def run(size: str, implementation: str, dtype_name: str, repeats: int = 5) -> list[dict]:
-    dtype = jnp.dtype(dtype_name)
+def run(cases, implementation: str, dtype_name: str, repeats: int = 5) -> list[dict]:
+    """One table row per (workload, case) of `cases` (make_case / checkpoint_case)."""
     backend = resolve_implementation(implementation)
     chunk = 32 if jax.default_backend() == "gpu" else 8
     rows = []
-    for workload in WORKLOADS.values():
-        x, topk_idx, topk_weight, params = make_case(workload, size, dtype)
+    for workload, (x, topk_idx, topk_weight, params) in cases:
         layer = jax.jit(
             functools.partial(moe_experts, activation=workload.activation, implementation=backend)
         )
@@ -107,11 +146,12 @@ def run(size: str, implementation: str, dtype_name: str, repeats: int = 5) -> li
 
 
 def format_table(rows: list[dict]) -> str:
-    header = f"{'workload':<11} {'T':>5} {'H':>5} {'E':>4} {'backend':<14} {'dtype':<9} {'max err':>9} {'rel err':>9} {'ms':>9}  check"
+    width = max([11] + [len(r["workload"]) for r in rows])
+    header = f"{'workload':<{width}} {'T':>5} {'H':>5} {'E':>4} {'backend':<14} {'dtype':<9} {'max err':>9} {'rel err':>9} {'ms':>9}  check"
     lines = [header, "-" * len(header)]
     for r in rows:
         lines.append(
-            f"{r['workload']:<11} {r['T']:>5} {r['H']:>5} {r['E']:>4} {r['backend']:<14} {r['dtype']:<9} "
+            f"{r['workload']:<{width}} {r['T']:>5} {r['H']:>5} {r['E']:>4} {r['backend']:<14} {r['dtype']:<9} "
             f"{r['max_err']:>9.2e} {r['rel_err']:>9.2e} {r['ms']:>9.3f}  {'ok' if r['ok'] else 'MISMATCH'}"
         )
     return "\n".join(lines)
@@ -132,11 +172,35 @@ def main(argv: list[str] | None = None) -> int:
         "--implementation", default="auto", help="moe_experts backend (default: auto)"
     )
     parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="bfloat16")
+    parser.add_argument(
+        "--checkpoint", metavar="FILE", help="a .safetensors file whose experts to run instead"
+    )
+    parser.add_argument("--layout", choices=LAYOUTS, default="gpt_oss", help="with --checkpoint")
+    parser.add_argument(
+        "--prefix",
+        default="model.layers.0.mlp.experts.",
+        help="with --checkpoint: the experts' name prefix (default: %(default)s)",
+    )
+    parser.add_argument("--top-k", type=int, default=4, help="with --checkpoint (default: 4)")
+    parser.add_argument(
+        "--tokens", type=int, default=256, help="with --checkpoint: random tokens (default: 256)"
+    )
     args = parser.parse_args(argv)
     print(
         f"moe_pallas demo on {jax.devices()[0].device_kind} ({jax.default_backend()}), jax {jax.__version__}"
     )
-    rows = run(args.size, args.implementation, args.dtype)
+    dtype = jnp.dtype(args.dtype)
+    if args.checkpoint:
+        try:
+            case = checkpoint_case(
+                args.checkpoint, args.layout, args.prefix, args.top_k, args.tokens, dtype
+            )
+        except (OSError, ValueError) as err:
+            parser.error(str(err))  # exits with status 2
+        cases = [case]
+    else:
+        cases = [make_case(workload, args.size, dtype) for workload in WORKLOADS.values()]
+    rows = run(cases, args.implementation, args.dtype)
     print(format_table(rows))
     bad = [r["workload"] for r in rows if not r["ok"]]
     if bad:
