@@ -1,6 +1,7 @@
 """`python -m moe_pallas demo`: run both reference workloads, check them against the oracle, time them.
 
-With `--checkpoint FILE` the experts come from a checkpoint instead (`weights.load_experts`:
+With `--checkpoint PATH` (a .safetensors file or a folder of shards) the experts come from a
+checkpoint instead (`weights.load_experts`:
 gpt-oss, MXFP4 included, or per-expert SwiGLU weights, FP8 included), fed random tokens and
 routing. Exit status 1 if any result is outside its error bound (bf16: 2e-2, float32: 5e-3
 relative Frobenius error, which admits tf32 tensor-core matmuls on GPU).
@@ -173,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dtype", choices=sorted(TOLERANCE), default="bfloat16")
     parser.add_argument(
-        "--checkpoint", metavar="FILE", help="a .safetensors file whose experts to run instead"
+        "--checkpoint",
+        metavar="PATH",
+        help="a .safetensors file, or a folder of shards, whose experts to run instead",
     )
     parser.add_argument("--layout", choices=LAYOUTS, default="gpt_oss", help="with --checkpoint")
     parser.add_argument(

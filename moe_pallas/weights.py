@@ -70,9 +70,25 @@ _SAFETENSORS_DTYPES = {
 
 
 def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """The tensors of a .safetensors file as read-only numpy arrays mapped from the file (bytes
-    are read when used, so one layer's experts of a large checkpoint cost one layer's reads),
-    FP8 included: safetensors' own numpy and flax loaders fail on float8 (0.8.0)."""
+    """The tensors of a .safetensors file, or of every *.safetensors file of a folder (a sharded
+    checkpoint), as read-only numpy arrays mapped from the files: bytes are read when used, so one
+    layer's experts of a large checkpoint cost one layer's reads. FP8 included: safetensors' own
+    numpy and flax loaders fail on float8 (0.8.0)."""
+    if os.path.isdir(path):
+        shards = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+        if not shards:
+            raise ValueError(f"{os.fspath(path)!r} holds no .safetensors file.")
+        tensors = {}
+        for shard in shards:
+            for name, value in _read_safetensors_file(os.path.join(path, shard)).items():
+                if name in tensors:
+                    raise ValueError(f"{name} is in two shards of {os.fspath(path)!r}.")
+                tensors[name] = value
+        return tensors
+    return _read_safetensors_file(path)
+
+
+def _read_safetensors_file(path) -> dict[str, np.ndarray]:
     with open(path, "rb") as f:
         head = f.read(8)
         size = int.from_bytes(head, "little") if len(head) == 8 else -1

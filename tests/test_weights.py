@@ -510,3 +510,22 @@ def test_mixtral_names():
     mixed = {**tensors, "3.w1.weight": tensors["3.gate_proj.weight"]}
     with pytest.raises(ValueError, match=r"missing 0\.w1\.weight .* one naming"):
         load_experts(mixed, "per_expert")
+
+
+def test_read_safetensors_folder(tmp_path):
+    """A sharded checkpoint: every *.safetensors file of the folder, nothing else."""
+    tensors = gpt_oss_tensors(np.random.default_rng(21))
+    names = sorted(tensors)
+    safetensors.numpy.save_file({k: tensors[k] for k in names[:2]}, str(tmp_path / "a.safetensors"))
+    safetensors.numpy.save_file({k: tensors[k] for k in names[2:]}, str(tmp_path / "b.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text("{}")
+    read = moe_pallas.read_safetensors(tmp_path)
+    assert sorted(read) == names
+    for name in names:
+        np.testing.assert_array_equal(read[name], tensors[name])
+    safetensors.numpy.save_file({names[0]: tensors[names[0]]}, str(tmp_path / "c.safetensors"))
+    with pytest.raises(ValueError, match=f"{names[0]} is in two shards"):
+        moe_pallas.read_safetensors(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no .safetensors file"):
+        moe_pallas.read_safetensors(tmp_path / "empty")
