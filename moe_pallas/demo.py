@@ -1,9 +1,8 @@
 """`python -m moe_pallas demo`: run both reference workloads, check them against the oracle, time them.
 
 With `--checkpoint PATH` (a .safetensors file or a folder of shards) the experts come from a
-checkpoint instead (`weights.load_experts`:
-gpt-oss, MXFP4 included, or per-expert SwiGLU weights, FP8 included), fed random tokens and
-routing. Exit status 1 if any result is outside its error bound (bf16: 2e-2, float32: 5e-3
+checkpoint instead (`weights.load_experts`: gpt-oss, MXFP4 included, or per-expert SwiGLU
+weights, FP8 included), fed random tokens and routing. Exit status 1 if any result is outside its error bound (bf16: 2e-2, float32: 5e-3
 relative Frobenius error, which admits tf32 tensor-core matmuls on GPU).
 """
 
