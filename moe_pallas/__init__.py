@@ -6,12 +6,13 @@ from moe_pallas.layer import MoE
 from moe_pallas.ops import ragged_dot, tgmm
 from moe_pallas.parallel import expert_mesh
 from moe_pallas.routing import route
-from moe_pallas.weights import load_experts, read_safetensors, set_expert_params
+from moe_pallas.weights import export_experts, load_experts, read_safetensors, set_expert_params
 
 __all__ = [
     "MoE",
     "debug_checks",
     "expert_mesh",
+    "export_experts",
     "load_experts",
     "moe_experts",
     "ragged_dot",

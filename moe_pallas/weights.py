@@ -341,3 +341,37 @@ def set_expert_params(layer, params: Mapping[str, jax.Array]) -> None:
     for name, value in values.items():
         variable = getattr(layer, name)
         variable[...] = value.astype(variable.dtype)
+
+
+def export_experts(
+    params: "Mapping[str, jax.Array] | MoE", layout: Layout, *, prefix: str = "", dtype: Any = None
+) -> dict[str, jax.Array]:
+    """The inverse of `load_experts` (dense weights): checkpoint tensors in `layout`, named with
+    `prefix`, from `moe_experts` params or an NNX `MoE` layer's experts, cast to `dtype` if given;
+    e.g. for `safetensors.flax.save_file`. gpt_oss needs the expert biases (GptOssExperts has
+    them); per_expert has no place for them."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r}; use one of {LAYOUTS}.")
+    if isinstance(params, MoE):
+        names = ("w_gate_up", "w_down") + (
+            ("b_gate_up", "b_down") if params.config.expert_bias else ()
+        )
+        params = {name: getattr(params, name)[...] for name in names}
+    given = {k for k, v in params.items() if v is not None}
+    expected = set(_GPT_OSS) if layout == "gpt_oss" else {"w_gate_up", "w_down"}
+    if given != expected:
+        raise ValueError(
+            f"layout {layout!r} takes exactly {sorted(expected)}, got {sorted(given)}"
+            + ("; build the layer with expert_bias=True." if layout == "gpt_oss" else ".")
+        )
+    cast = (lambda v: v) if dtype is None else (lambda v: v.astype(dtype))
+    if layout == "gpt_oss":
+        return {prefix + source: cast(jnp.asarray(params[n])) for n, source in _GPT_OSS.items()}
+    w_gate_up, w_down = jnp.asarray(params["w_gate_up"]), jnp.asarray(params["w_down"])
+    inter = w_gate_up.shape[2] // 2
+    tensors = {}
+    for e in range(w_gate_up.shape[0]):
+        tensors[f"{prefix}{e}.gate_proj.weight"] = cast(w_gate_up[e, :, :inter].T)
+        tensors[f"{prefix}{e}.up_proj.weight"] = cast(w_gate_up[e, :, inter:].T)
+        tensors[f"{prefix}{e}.down_proj.weight"] = cast(w_down[e].T)
+    return tensors

@@ -529,3 +529,50 @@ def test_read_safetensors_folder(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no .safetensors file"):
         moe_pallas.read_safetensors(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("layout", ["gpt_oss", "per_expert"])
+def test_export_experts_inverts_load_experts(layout):
+    rng = np.random.default_rng(22)
+    tensors = gpt_oss_tensors(rng) if layout == "gpt_oss" else per_expert_tensors(rng)
+    tensors = {PREFIX + k: v for k, v in tensors.items()}
+    params = load_experts(tensors, layout, prefix=PREFIX)
+    exported = moe_pallas.export_experts(params, layout, prefix=PREFIX)
+    assert sorted(exported) == sorted(tensors)
+    for name, value in tensors.items():
+        np.testing.assert_array_equal(exported[name], value)
+
+
+def test_export_experts_from_a_layer_through_a_file(tmp_path):
+    """A trained layer's experts out to a gpt-oss checkpoint file and back, bit for bit (bf16)."""
+    layer = MoE(
+        H,
+        I,
+        E,
+        K,
+        activation="gptoss",
+        expert_bias=True,
+        param_dtype=jnp.bfloat16,
+        rngs=nnx.Rngs(3),
+    )
+    path = tmp_path / "experts.safetensors"
+    safetensors.flax.save_file(
+        moe_pallas.export_experts(layer, "gpt_oss", prefix=PREFIX), str(path)
+    )
+    params = load_experts(moe_pallas.read_safetensors(path), "gpt_oss", prefix=PREFIX)
+    for name, value in params.items():
+        assert value.dtype == jnp.bfloat16
+        np.testing.assert_array_equal(value, getattr(layer, name)[...])
+    float32 = moe_pallas.export_experts(layer, "gpt_oss", dtype=jnp.float32)
+    assert all(v.dtype == jnp.float32 for v in float32.values())
+
+
+def test_export_experts_errors():
+    params = load_experts(gpt_oss_tensors(np.random.default_rng(23)), "gpt_oss")
+    no_bias = {k: v for k, v in params.items() if not k.startswith("b_")}
+    with pytest.raises(ValueError, match="expert_bias=True"):
+        moe_pallas.export_experts(no_bias, "gpt_oss")
+    with pytest.raises(ValueError, match=r"'per_expert' takes exactly \['w_down', 'w_gate_up'\]"):
+        moe_pallas.export_experts(params, "per_expert")
+    with pytest.raises(ValueError, match="layout='mixtral'"):
+        moe_pallas.export_experts(params, "mixtral")
