@@ -1,4 +1,5 @@
-"""Expert weights from checkpoint layouts into the `params` of `moe_experts` / a `MoE` layer.
+"""Expert weights from checkpoint layouts into the `params` of `moe_experts` / a `MoE` layer
+(`load_experts`, `set_expert_params`), and back out (`export_experts`, dense weights).
 
 `tensors` is a mapping of names to arrays as read by `read_safetensors(path)` (or
 `safetensors.numpy.load_file(path)`, `safetensors.flax.load_file(path)`, which cannot read FP8),
