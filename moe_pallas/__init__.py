@@ -6,7 +6,8 @@ from moe_pallas.layer import MoE
 from moe_pallas.ops import ragged_dot, tgmm
 from moe_pallas.parallel import expert_mesh
 from moe_pallas.routing import route
-from moe_pallas.weights import export_experts, load_experts, read_safetensors, set_expert_params
+from moe_pallas.safetensors_io import read_safetensors
+from moe_pallas.weights import export_experts, load_experts, set_expert_params
 
 __all__ = [
     "MoE",

@@ -19,7 +19,8 @@ import numpy as np
 from moe_pallas.experts import moe_experts, resolve_implementation
 from moe_pallas.reference import moe_experts_reference
 from moe_pallas.routing import route
-from moe_pallas.weights import LAYOUTS, load_experts, read_safetensors
+from moe_pallas.safetensors_io import read_safetensors
+from moe_pallas.weights import LAYOUTS, load_experts
 
 TOLERANCE = {"bfloat16": 2e-2, "float32": 5e-3}
 
