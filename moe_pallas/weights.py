@@ -232,7 +232,7 @@ def load_experts(
     if not isinstance(tensors, Mapping):
         raise TypeError(
             f"tensors must be a mapping of names to arrays, got {type(tensors).__name__}; "
-            "e.g. safetensors.numpy.load_file(path)."
+            "e.g. moe_pallas.read_safetensors(path)."
         )
     params = (
         _load_gpt_oss(tensors, prefix, dtype)
