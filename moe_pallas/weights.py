@@ -171,9 +171,16 @@ def _per_expert_weight(tensors, key: str, shape: tuple[int, int], dtype) -> jax.
         )
     scale = _get(tensors, scale_key)
     _check_shape(scale_key, scale, tuple(-(-d // _FP8_BLOCK) for d in shape))
+    return _fp8_dense(
+        weight, scale, jnp.dtype(_DEFAULT_QUANTISED_DTYPE if dtype is None else dtype)
+    )
+
+
+@functools.partial(jax.jit, static_argnames="dtype")
+def _fp8_dense(weight, scale, dtype):
+    """weight [out, in] times the float32 factor of its 128 x 128 block, in float32, as dtype."""
     factor = jnp.repeat(jnp.repeat(scale.astype(jnp.float32), _FP8_BLOCK, 0), _FP8_BLOCK, 1)
-    dense = weight.astype(jnp.float32) * factor[: shape[0], : shape[1]]
-    return dense.astype(_DEFAULT_QUANTISED_DTYPE if dtype is None else dtype)
+    return (weight.astype(jnp.float32) * factor[: weight.shape[0], : weight.shape[1]]).astype(dtype)
 
 
 def _load_per_expert(tensors, prefix, dtype):
