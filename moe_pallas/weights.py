@@ -90,7 +90,9 @@ def _mxfp4_dense(blocks, scales, dtype):
     return dense, jnp.any(scales == _E8M0_NAN), jnp.all(jnp.isfinite(dense))
 
 
-def _dequantize_mxfp4(tensors, prefix: str, name: str, shape: tuple[int, ...], dtype) -> jax.Array:
+def _dequantize_mxfp4(
+    tensors, prefix: str, name: str, shape: tuple[int, ...], dtype: jnp.dtype
+) -> jax.Array:
     """`name`_blocks / `name`_scales -> the dense [E, K, N] weight `shape` in `dtype`."""
     blocks, scales = (_get(tensors, f"{prefix}{name}_{part}") for part in ("blocks", "scales"))
     experts, k, n = shape
@@ -103,20 +105,20 @@ def _dequantize_mxfp4(tensors, prefix: str, name: str, shape: tuple[int, ...], d
         if array.dtype != jnp.uint8:
             raise ValueError(f"{name}_{part} must be uint8 (MXFP4), got {array.dtype}.")
         _check_shape(f"{name}_{part}", array, want)
-    dense, nan_scale, finite = _mxfp4_dense(blocks, scales, jnp.dtype(dtype))
+    dense, nan_scale, finite = _mxfp4_dense(blocks, scales, dtype)
     if bool(nan_scale):
         raise ValueError(
             f"{name}_scales holds the NaN scale code {_E8M0_NAN}: the checkpoint is corrupt."
         )
     if not bool(finite):
         raise ValueError(
-            f"{name} overflows {jnp.dtype(dtype).name} once dequantised (scales up to "
+            f"{name} overflows {dtype.name} once dequantised (scales up to "
             f"2^{int(jnp.max(scales)) - 127}); pass dtype=jnp.float32 or jnp.bfloat16."
         )
     return dense
 
 
-def _load_gpt_oss(tensors, prefix, dtype):
+def _load_gpt_oss(tensors, prefix, quantised_dtype):
     if prefix + "gate_up_proj_blocks" in tensors:
         blocks = _get(tensors, prefix + "gate_up_proj_blocks")
         if blocks.ndim != 4 or blocks.shape[3] != 16:
@@ -140,7 +142,6 @@ def _load_gpt_oss(tensors, prefix, dtype):
     params = {}
     for name, source in _GPT_OSS.items():
         if prefix + source + "_blocks" in tensors:
-            quantised_dtype = _DEFAULT_QUANTISED_DTYPE if dtype is None else dtype
             params[name] = _dequantize_mxfp4(tensors, prefix, source, shapes[name], quantised_dtype)
         else:
             params[name] = _get(tensors, prefix + source)
@@ -152,9 +153,9 @@ _FP8_BLOCK = 128  # the block edge of the FP8 checkpoints' weight_scale_inv
 _FLOAT_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64))
 
 
-def _per_expert_weight(tensors, key: str, shape: tuple[int, int], dtype) -> jax.Array:
+def _per_expert_weight(tensors, key: str, shape: tuple[int, int], quantised_dtype) -> jax.Array:
     """tensors[key] [out, in], checked against shape; an FP8 one times its block factors
-    (module doc), in `dtype` (default bfloat16)."""
+    (module doc), in `quantised_dtype`."""
     weight = _get(tensors, key)
     _check_shape(key, weight, shape)
     scale_key = key + "_scale_inv"
@@ -171,9 +172,7 @@ def _per_expert_weight(tensors, key: str, shape: tuple[int, int], dtype) -> jax.
         )
     scale = _get(tensors, scale_key)
     _check_shape(scale_key, scale, tuple(-(-d // _FP8_BLOCK) for d in shape))
-    return _fp8_dense(
-        weight, scale, jnp.dtype(_DEFAULT_QUANTISED_DTYPE if dtype is None else dtype)
-    )
+    return _fp8_dense(weight, scale, quantised_dtype)
 
 
 @functools.partial(jax.jit, static_argnames="dtype")
@@ -183,7 +182,7 @@ def _fp8_dense(weight, scale, dtype):
     return (weight.astype(jnp.float32) * factor[: weight.shape[0], : weight.shape[1]]).astype(dtype)
 
 
-def _load_per_expert(tensors, prefix, dtype):
+def _load_per_expert(tensors, prefix, quantised_dtype):
     found = {}
     for key in tensors:
         match = _PER_EXPERT.fullmatch(key[len(prefix) :]) if key.startswith(prefix) else None
@@ -218,7 +217,7 @@ def _load_per_expert(tensors, prefix, dtype):
     }
     for e in range(num_experts):
         weight = {
-            p: _per_expert_weight(tensors, f"{prefix}{e}.{name[p]}.weight", shape, dtype)
+            p: _per_expert_weight(tensors, f"{prefix}{e}.{name[p]}.weight", shape, quantised_dtype)
             for p, shape in shapes.items()
         }
         gate_up.append(jnp.concatenate([weight["gate_proj"].T, weight["up_proj"].T], axis=1))
@@ -241,11 +240,9 @@ def load_experts(
             f"tensors must be a mapping of names to arrays, got {type(tensors).__name__}; "
             "e.g. moe_pallas.read_safetensors(path)."
         )
-    params = (
-        _load_gpt_oss(tensors, prefix, dtype)
-        if layout == "gpt_oss"
-        else _load_per_expert(tensors, prefix, dtype)
-    )
+    quantised_dtype = jnp.dtype(_DEFAULT_QUANTISED_DTYPE if dtype is None else dtype)
+    load = _load_gpt_oss if layout == "gpt_oss" else _load_per_expert
+    params = load(tensors, prefix, quantised_dtype)
     return {k: v if dtype is None else v.astype(dtype) for k, v in params.items()}
 
 
