@@ -246,17 +246,24 @@ def load_experts(
     return {k: v if dtype is None else v.astype(dtype) for k, v in params.items()}
 
 
+_WEIGHTS, _BIASES = ("w_gate_up", "w_down"), ("b_gate_up", "b_down")
+
+
+def _expert_names(layer: MoE) -> tuple[str, ...]:
+    """The NNX layer's expert parameters: the weights, and the biases with expert_bias."""
+    return _WEIGHTS + (_BIASES if layer.config.expert_bias else ())
+
+
 def set_expert_params(layer, params: Mapping[str, jax.Array]) -> None:
     """Write expert `params` (from `load_experts`) into an NNX `moe_pallas.MoE` layer, in place,
     cast to the layer's parameter dtype. Shapes and bias presence must match the layer's config;
     the layer's activation must match the layout ("gptoss" for gpt_oss, "swiglu" for per_expert)."""
     if not isinstance(layer, MoE):
         raise TypeError(f"layer must be a moe_pallas.MoE, got {type(layer).__name__}.")
-    config = layer.config
-    expected = {"w_gate_up", "w_down"} | ({"b_gate_up", "b_down"} if config.expert_bias else set())
+    expected = set(_expert_names(layer))
     given = {k for k, v in params.items() if v is not None}
     extra = given - expected
-    if extra and extra <= {"b_gate_up", "b_down"}:
+    if extra and extra <= set(_BIASES):
         raise ValueError(
             "params hold expert biases but the layer has expert_bias=False; build it with "
             "MoE(..., expert_bias=True)."
@@ -264,7 +271,7 @@ def set_expert_params(layer, params: Mapping[str, jax.Array]) -> None:
     if given != expected:
         raise ValueError(
             f"params must hold exactly {sorted(expected)} for this layer "
-            f"(expert_bias={config.expert_bias}), got {sorted(given)}."
+            f"(expert_bias={layer.config.expert_bias}), got {sorted(given)}."
         )
     values = {name: jnp.asarray(params[name]) for name in sorted(expected)}
     for name, value in values.items():  # check all before writing any: no half-loaded layer
@@ -284,12 +291,9 @@ def export_experts(
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}; use one of {LAYOUTS}.")
     if isinstance(params, MoE):
-        names = ("w_gate_up", "w_down") + (
-            ("b_gate_up", "b_down") if params.config.expert_bias else ()
-        )
-        params = {name: getattr(params, name)[...] for name in names}
+        params = {name: getattr(params, name)[...] for name in _expert_names(params)}
     given = {k for k, v in params.items() if v is not None}
-    expected = set(_GPT_OSS) if layout == "gpt_oss" else {"w_gate_up", "w_down"}
+    expected = set(_GPT_OSS) if layout == "gpt_oss" else set(_WEIGHTS)
     if given != expected:
         raise ValueError(
             f"layout {layout!r} takes exactly {sorted(expected)}, got {sorted(given)}"
