@@ -92,7 +92,7 @@ def checkpoint_case(path, layout: str, prefix: str, top_k: int, tokens: int, dty
         raise ValueError(f"--top-k={top_k} must be in [1, {num_experts}] (the file's experts).")
     gpt_oss = layout == "gpt_oss"
     workload = Workload(
-        name=os.path.basename(os.fspath(path)),
+        name=os.path.basename(os.path.normpath(path)),  # a folder given as "dir/" too
         hidden=hidden,
         intermediate=two_inter // 2,
         num_experts=num_experts,

@@ -29,25 +29,28 @@ def test_cli_usage():
 
 
 def test_demo_on_checkpoint_files(tmp_path, capsys):
-    """--checkpoint: a gpt-oss MXFP4 file and a per-expert FP8 file, each run and checked."""
+    """--checkpoint: a folder holding a gpt-oss MXFP4 file (given as "dir/") and a per-expert FP8
+    file, each run, checked and named in the table."""
     import numpy as np
     import safetensors.flax
     import safetensors.numpy
 
     from tests.test_weights import PREFIX, fp8_tensors, gpt_oss_mxfp4_tensors
 
-    gpt_oss = tmp_path / "gpt_oss.safetensors"
+    gpt_oss_dir = tmp_path / "gpt_oss_shards"
+    gpt_oss_dir.mkdir()
+    gpt_oss = gpt_oss_dir / "model.safetensors"
     tensors = gpt_oss_mxfp4_tensors(np.random.default_rng(0))
     safetensors.numpy.save_file(
         {f"model.layers.0.mlp.experts.{k}": v for k, v in tensors.items()}, str(gpt_oss)
     )
     fp8 = tmp_path / "fp8.safetensors"
     safetensors.flax.save_file(fp8_tensors(np.random.default_rng(1)), str(fp8))
-    assert main(["demo", "--checkpoint", str(gpt_oss), "--top-k", "2", "--tokens", "9"]) == 0
+    assert main(["demo", "--checkpoint", f"{gpt_oss_dir}/", "--top-k", "2", "--tokens", "9"]) == 0
     command = ["demo", "--checkpoint", str(fp8), "--layout", "per_expert", "--prefix", PREFIX]
     assert main([*command, "--top-k", "2", "--tokens", "5"]) == 0
     out = capsys.readouterr().out
-    assert "gpt_oss.safetensors" in out and "fp8.safetensors" in out and "MISMATCH" not in out
+    assert "gpt_oss_shards" in out and "fp8.safetensors" in out and "MISMATCH" not in out
     with pytest.raises(SystemExit) as exit_info:
         main([*command, "--top-k", "3"])  # two experts in the file
     assert exit_info.value.code == 2 and "--top-k=3 must be in [1, 2]" in capsys.readouterr().err
