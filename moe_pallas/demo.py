@@ -105,12 +105,20 @@ def checkpoint_case(path, layout: str, prefix: str, top_k: int, tokens: int, dty
 
 
 def _median_ms(fn, *args, repeats: int) -> float:
+    """Median milliseconds per call over `repeats` bursts of back-to-back calls (one wait per
+    burst, a burst ~20 ms long), as `benchmarks.run` times: a blocking wait after every call
+    would add the host's launch and sync latency, which at decode sizes exceeds the GPU time."""
     jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    calls = max(1, min(100, int(20e-3 / max(time.perf_counter() - start, 1e-6))))
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - start)
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - start) / calls)
     return 1e3 * float(np.median(times))
 
 
