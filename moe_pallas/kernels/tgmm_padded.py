@@ -23,7 +23,7 @@ there, session 2): train step 23.05 / 23.37 ms against 26.71 / 28.78 (gpt-oss T 
 path for 16-bit operands at more than 16 rows per group (`applies`); at decode sizes (not
 measured) and on explicit Pallas backends the Triton kernel stays.
 The padded rows are not free: at T = 2048 cuBLAS took 13-17% longer over C = 96 slabs than over
-the groups' first 64 rows, about what it takes over 128 (benchmarks/results/
+the groups' first 64 rows, within 10% of its time over 128 (benchmarks/results/
 2026-12-02_h200_session18/); only a grouped matmul contracting each group over its own rows
 would save that, as no smaller capacity keeps the overflow pass to a few groups.
 """
