@@ -1,8 +1,8 @@
 """How much of the slab matmuls' time is the padded contraction? The weight-gradient slab matmuls of
 the T = 2048 train steps at capacity 64 (each group's first 64 rows, about the mean: the others
-dropped, for timing only) against the layer's capacity (96) and 128: cuBLAS, session 13's
-one-warpgroup kernel (v1) and the ping-pong kernel. Run from the repository root with
-PYTHONPATH=$PWD:<this folder>."""
+dropped, for timing only) against the layer's capacity (96) and 128: cuBLAS, session 13's one-
+warpgroup kernel (v1) and the ping-pong kernel. Run by call4.sh (its PYTHONPATH has this folder,
+session 13's slab_mgpu.py and session 11's probe_common.py)."""
 import json
 import os
 

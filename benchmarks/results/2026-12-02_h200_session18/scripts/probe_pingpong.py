@@ -1,7 +1,7 @@
 """The ping-pong slab matmul (slab_pingpong.py) against cuBLAS (the layer's weight gradients today)
-and session 13's one-warpgroup kernel (slab_mgpu.py) on the same slabs, train-step shapes at
-T = 2048 (and gpt-oss T = 4096), bf16 out, alternating rounds. Run from the repository root with
-PYTHONPATH=$PWD:<this folder>."""
+and session 13's one-warpgroup kernel (slab_mgpu.py) on the same slabs, train-step shapes at T =
+2048 (and gpt-oss T = 4096), bf16 out, alternating rounds. Run by call1.sh (its PYTHONPATH has this
+folder, session 13's slab_mgpu.py and session 11's probe_common.py)."""
 import json
 import os
 

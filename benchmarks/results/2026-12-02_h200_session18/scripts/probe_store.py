@@ -1,9 +1,9 @@
 """How fast can a kernel write the weight gradient's [G, K, N] bf16 output on the H200 when it does
-nothing else? A persistent Mosaic GPU kernel storing [block_k, block_n] tiles of a constant (written
-to shared memory once) in the order of the slab matmuls (item = (group, n-strip), its k-tiles in
-turn), asynchronous TMA stores from `buffers` slots; against XLA writing the same array (a
-broadcast fill) and copying it (read + write). Run from the repository root with
-PYTHONPATH=$PWD:<this folder>."""
+nothing else? A persistent Mosaic GPU kernel storing [block_k, block_n] tiles of a constant
+(written to shared memory once) in the order of the slab matmuls (item = (group, n-strip), its
+k-tiles in turn), asynchronous TMA stores from `buffers` slots; against XLA writing the same array
+(a broadcast fill) and copying it (read + write). Run by call3.sh (its PYTHONPATH has this folder,
+session 13's slab_mgpu.py and session 11's probe_common.py)."""
 import functools
 import json
 import os
