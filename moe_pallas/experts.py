@@ -3,8 +3,10 @@
     out[t] = sum_j topk_weight[t, j] * (act(x[t] @ w_gate_up[e] + b_gate_up[e]) @ w_down[e] + b_down[e])
     with e = topk_idx[t, j]
 
-Backends: "xla" (jax.lax.ragged_dot) and "pallas_triton" (the fused kernels of `moe_pallas.fused`,
-with one custom_vjp over the block); "auto" picks pallas_triton on GPU and xla elsewhere.
+Backends: "xla" (jax.lax.ragged_dot), "pallas_triton" (the fused kernels of `moe_pallas.fused`,
+with one custom_vjp over the block) and "mosaic_gpu" (the same block with its matmuls on Hopper's
+Mosaic GPU kernels); "auto" is xla off GPU and the fused block on a GPU, with Mosaic GPU where its
+measured table says so on Hopper (`resolve_implementation`).
 Numerics on every backend: matmuls accumulate in float32; the activation is stored in x's dtype
 (as the fused kernels do); bias and routing weight are applied in float32; each token sums its k
 rows in float32 (the fused path rounds each weighted row to x's dtype first); out has x's dtype.
