@@ -122,8 +122,9 @@ def _median_ms(fn, *args, repeats: int) -> float:
     return 1e3 * float(np.median(times))
 
 
-def run(cases, implementation: str, dtype_name: str, repeats: int = 5) -> list[dict]:
-    """One table row per (workload, case) of `cases` (make_case / checkpoint_case)."""
+def run(cases, implementation: str, repeats: int = 5) -> list[dict]:
+    """One table row per (workload, case) of `cases` (make_case / checkpoint_case); the dtype and
+    its error bound are the case's tokens'."""
     backend = resolve_implementation(implementation)
     chunk = 32 if jax.default_backend() == "gpu" else 8
     rows = []
@@ -137,6 +138,7 @@ def run(cases, implementation: str, dtype_name: str, repeats: int = 5) -> list[d
         )
         ref = jax.jit(oracle)(x, topk_idx, topk_weight, params)
         rel = float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
+        dtype_name = jnp.dtype(x.dtype).name
         rows.append(
             {
                 "workload": workload.name,
@@ -211,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [case]
     else:
         cases = [make_case(workload, args.size, dtype) for workload in WORKLOADS.values()]
-    rows = run(cases, args.implementation, args.dtype)
+    rows = run(cases, args.implementation)
     print(format_table(rows))
     bad = [r["workload"] for r in rows if not r["ok"]]
     if bad:
