@@ -28,7 +28,10 @@ _PARAM_NAMES = ("w_gate_up", "w_down", "b_gate_up", "b_down")
 
 
 def _param_dict(params: Any) -> dict[str, jax.Array]:
-    """Accept a mapping or any object with the parameter attributes (e.g. a pytree dataclass)."""
+    """Accept a mapping, a `moe_pallas.MoE` layer (its `expert_params()`), or any object with the
+    parameter attributes (e.g. a pytree dataclass)."""
+    if callable(getattr(params, "expert_params", None)):
+        params = params.expert_params()
     if isinstance(params, Mapping):
         unknown = set(params) - set(_PARAM_NAMES)
         if unknown:
@@ -171,7 +174,8 @@ def moe_experts(
       topk_idx: expert ids `[T, k]`, integer; ids outside [0, E) contribute zero.
       topk_weight: routing weights `[T, k]`, floating.
       params: `w_gate_up [E, H, 2I]`, `w_down [E, I, H]` (x's dtype), optional `b_gate_up [E, 2I]`,
-        `b_down [E, H]`; a mapping or an object with these attributes.
+        `b_down [E, H]`; a mapping, a `moe_pallas.MoE` layer (its `expert_params()`), or an
+        object with these attributes.
       activation: "swiglu" (gate = first I columns of gate_up) or "gptoss" (gate = even columns,
         clamped GLU with alpha 1.702, limit 7).
       implementation: "auto" (best for the platform), "xla", "pallas_triton", "mosaic_gpu".

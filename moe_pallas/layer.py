@@ -32,6 +32,7 @@ from moe_pallas.activations import ACTIVATIONS, Activation, glu, split_gate_up
 from moe_pallas.experts import IMPLEMENTATIONS, Implementation, moe_experts
 from moe_pallas.routing import ROUTER_METHODS, RouterMethod, route
 
+EXPERT_PARAM_NAMES = ("w_gate_up", "w_down", "b_gate_up", "b_down")
 AUX_NAMES = ("aux_loss", "load_balancing_loss", "z_loss", "expert_counts", "dropped_rows")
 
 
@@ -324,6 +325,12 @@ class MoE(nnx.Module):
         if self.config.router == "sigmoid_group_topk":
             names.append("correction_bias")
         return {name: getattr(self, name)[...] for name in names}
+
+    def expert_params(self) -> dict[str, jax.Array]:
+        """The expert weights as `moe_experts` takes them: `w_gate_up`, `w_down` and, with
+        `expert_bias`, `b_gate_up` and `b_down` (values in `param_dtype`)."""
+        params = self.params_dict()
+        return {name: params[name] for name in EXPERT_PARAM_NAMES if name in params}
 
     def __call__(self, x: jax.Array, *, return_aux: bool = False):
         y, aux = moe_apply(self.config, self.params_dict(), x)
