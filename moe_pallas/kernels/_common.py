@@ -1,0 +1,96 @@
+"""What every kernel shares: the target device, int32 index limits, group ends, block sizes.
+
+Kernels import this module, `moe_pallas.activations` and `moe_pallas.dispatch` (pure jnp math)
+and nothing else of the package, so the layers above (backends, ops, the layer) can change
+without touching them.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from moe_pallas import dispatch
+
+# Row ids, group offsets, tile starts and column indices are int32 in the kernels and the
+# schedules, so no dimension may reach 2^31. Element counts may: Pallas computes pointer offsets in
+# int64 for any array over 2^32 bytes, and in int32 only below, where every array of 2- or 4-byte
+# elements has fewer than 2^31 elements (jax/_src/pallas/triton/lowering.py,
+# _compute_offsets_from_indices).
+MAX_DIM = 2**31 - 1
+INTERPRET_SMS = 2  # persistent grids in interpret mode: enough CTAs to exercise the striding
+
+
+def target_device():
+    """The device kernels are compiled for: the abstract device of an active abstract mesh (how
+    tests lower GPU kernels on a CPU machine), else jax's first device."""
+    device = jax.sharding.get_abstract_mesh().abstract_device
+    return device if device is not None else jax.devices()[0]
+
+
+def interpret_mode() -> bool:
+    """Pallas kernels run in interpret mode unless they are compiled for a GPU: on a GPU backend,
+    or when lowered ahead of time for an abstract GPU device (`jax.sharding.use_abstract_mesh`
+    with an `AbstractDevice` of platform "gpu")."""
+    return target_device().platform != "gpu"
+
+
+def num_sms() -> int:
+    """Streaming multiprocessors of the target GPU (persistent grids, work spreading); in
+    interpret mode `INTERPRET_SMS`."""
+    device = target_device()
+    if device.platform != "gpu":
+        return INTERPRET_SMS
+    return getattr(device, "num_cores", None) or device.core_count
+
+
+def check_int32_sizes(kernel: str, **shapes: tuple[int, ...]) -> None:
+    """Raise a ValueError at trace time if a dimension is too large for int32 indices."""
+    for name, shape in shapes.items():
+        if shape and max(shape) > MAX_DIM:
+            raise ValueError(
+                f"{kernel}: {name} of shape {tuple(shape)} has a dimension >= 2^31, past the "
+                "int32 row and column indices of the kernels; split the tokens into chunks (e.g. "
+                'jax.lax.map over token blocks) or use implementation="xla".'
+            )
+
+
+def grouped_dims(lhs, rhs, group_sizes, transpose_rhs: bool) -> tuple[int, int, int]:
+    """(G, K, N) of a grouped matmul lhs [M, K] x rhs [G, K, N] (or [G, N, K] transposed)."""
+    num_groups = rhs.shape[0]
+    k_dim, n_dim = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else rhs.shape[1:]
+    if lhs.shape[1] != k_dim:
+        raise ValueError(f"lhs has K={lhs.shape[1]} columns but rhs contracts over K={k_dim}.")
+    if group_sizes.shape != (num_groups,):
+        raise ValueError(f"group_sizes must be [{num_groups}], got {group_sizes.shape}.")
+    return num_groups, k_dim, n_dim
+
+
+def clamp_group_ends(group_sizes: jax.Array, num_rows: int) -> jax.Array:
+    """`[G]` int32 one-past-the-last row of each group, made safe to schedule: negative sizes
+    count as 0 and the running sum saturates at num_rows (trailing groups lose the rows past the
+    end); valid sizes pass unchanged. Without this a negative size would move a group start below
+    row 0 (out-of-bounds loads and stores on the GPU) and a huge one would overflow int32."""
+    check_int32_sizes("grouped matmul", rows=(num_rows,))
+    sizes = jnp.clip(group_sizes.astype(jnp.int32), 0, num_rows)
+    if sizes.shape[0] * num_rows <= MAX_DIM:  # no partial sum of clipped sizes overflows int32
+        return jnp.minimum(dispatch.cumsum(sizes), num_rows)
+    # saturating cumsum min(a + b, num_rows), no int32 intermediate overflows (~10x the ops)
+    return jax.lax.associative_scan(lambda a, b: b + jnp.minimum(a, num_rows - b), sizes)
+
+
+def clamp_group_sizes(group_sizes: jax.Array, num_rows: int) -> jax.Array:
+    """The sizes of `clamp_group_ends`' groups."""
+    return jnp.diff(clamp_group_ends(group_sizes, num_rows), prepend=jnp.zeros((1,), jnp.int32))
+
+
+def pow2_block(block: int, dim: int) -> int:
+    """block, shrunk to the smallest power of 2 covering dim, but at least 16 (the Triton dot's
+    minimum)."""
+    return min(block, max(16, 1 << max(dim - 1, 0).bit_length()))
+
+
+def dividing_block(block: int, dim: int, floor: int) -> int:
+    """The power-of-2 block halved while it does not divide dim, down to floor: a block that
+    divides the dimension needs no masked tail (2880 = 45 * 64)."""
+    while dim % block and block > floor:
+        block //= 2
+    return block
