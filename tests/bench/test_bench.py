@@ -17,7 +17,7 @@ import pytest
 from benchmarks import cases, impls, run, sol
 
 H200 = sol.DEVICES["h200"]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _layer_sol_ms(workload, tokens, hit=None, train=False):
