@@ -6,12 +6,14 @@ not implemented, would not fit). Layer cases time the whole expert layer (dispat
 activation → down → combine), "train" cases its forward + backward (gradients of x, weights and
 routing weights); gmm/tgmm cases time one grouped matmul.
 
-  moe_pallas:<backend>  `moe_pallas.moe_experts(..., implementation=backend)`; gmm cases use
+  moe_pallas:<backend>  `moe_pallas.moe_experts(..., implementation=backend)` for "auto" (what a
+                        user gets by default), "pallas_triton" and "mosaic_gpu"; gmm cases use
                         `moe_pallas.ragged_dot` / `moe_pallas.tgmm`.
-  jax.lax.ragged_dot    our "xla" backend: jax.lax.ragged_dot (on GPU a dense masked matmul).
-  tokamax               the same glue around `tokamax.ragged_dot(implementation="mosaic")`.
+  jax.lax.ragged_dot    our "xla" backend (`moe_experts(implementation="xla")`: the same layer
+                        around jax.lax.ragged_dot, on GPU a dense masked matmul).
+  tokamax               plain JAX glue around `tokamax.ragged_dot(implementation="mosaic")`.
   torch._grouped_mm     the same glue in PyTorch around `torch._grouped_mm`, combine by index_add_.
-  torch_loop            the seeds' loop over experts with `index_add_`.
+  torch_loop            a loop over experts with `index_add_` (slow; not in the default set).
 """
 
 import dataclasses
@@ -27,8 +29,6 @@ import jax.numpy as jnp
 
 import moe_pallas
 from benchmarks.cases import Case
-from moe_pallas import experts as _experts
-from moe_pallas.activations import glu, split_gate_up
 from moe_pallas.dispatch import dispatch
 
 
@@ -48,6 +48,17 @@ class Prepared:
 # ---------------------------------------------------------------- jax side
 
 
+def _glu(h, activation):
+    """The workloads' GLUs on gate_up's float32 output (the peers' own copy of the math):
+    gpt-oss interleaves gate and up columns and clamps them (limit 7, alpha 1.702); SwiGLU takes
+    the first half as gate."""
+    if activation == "gptoss":
+        gate, up = jnp.minimum(h[..., 0::2], 7.0), jnp.clip(h[..., 1::2], -7.0, 7.0)
+        return (up + 1) * gate * jax.nn.sigmoid(1.702 * gate)
+    gate, up = jnp.split(h, 2, axis=-1)
+    return jax.nn.silu(gate) * up
+
+
 def _ragged_layer(x, topk_idx, topk_weight, params, activation, ragged_dot):
     """The expert layer around any `ragged_dot(lhs, rhs, group_sizes) -> f32`, plain JAX glue."""
     num_tokens, top_k = topk_idx.shape
@@ -56,7 +67,7 @@ def _ragged_layer(x, topk_idx, topk_weight, params, activation, ragged_dot):
     h = ragged_dot(x[d.row_token], params["w_gate_up"], d.group_sizes)
     if "b_gate_up" in params:
         h = h + params["b_gate_up"].astype(jnp.float32)[row_expert]
-    a = glu(*split_gate_up(h, activation), activation).astype(x.dtype)
+    a = _glu(h, activation).astype(x.dtype)
     y = ragged_dot(a, params["w_down"], d.group_sizes)
     if "b_down" in params:
         y = y + params["b_down"].astype(jnp.float32)[row_expert]
@@ -170,13 +181,21 @@ def _prepare_xla(case: Case, inputs: dict) -> Prepared:
         return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=jnp.float32)
 
     def layer(x, topk_idx, topk_weight, params):
-        return _experts._experts_xla(x, topk_idx, topk_weight, params, case.workload.activation)
+        return moe_pallas.moe_experts(
+            x,
+            topk_idx,
+            topk_weight,
+            params,
+            activation=case.workload.activation,
+            implementation="xla",
+        )
 
     return _jax_case(case, inputs, layer, ragged_dot)
 
 
 def _peer_path() -> None:
-    """Make the carried tokamax wheels importable (benchmarks/gpu_run.sh installs them there)."""
+    """Make the carried peer libraries importable: benchmarks/fetch_peers.sh installs tokamax into
+    .peers/site and writes the xprof stub it imports into .peers/stub."""
     root = Path(__file__).resolve().parent.parent / ".peers"
     for sub in ("stub", "site"):
         if (root / sub).is_dir() and str(root / sub) not in sys.path:
@@ -330,9 +349,10 @@ def _prepare_torch_loop(case: Case, inputs: dict) -> Prepared:
     return _torch_prepare(case, inputs, _torch_loop_layer(torch, case.workload.activation), torch)
 
 
-# "auto" is what users get by default: on the H200, Triton with Mosaic GPU where AUTO_TABLE says.
-OURS = tuple(f"moe_pallas:{b}" for b in _experts.IMPLEMENTATIONS if b != "xla")
+OURS = ("moe_pallas:auto", "moe_pallas:pallas_triton", "moe_pallas:mosaic_gpu")
 PEERS = ("jax.lax.ragged_dot", "tokamax", "torch._grouped_mm", "torch_loop")
+# What a run times unless --impls says otherwise: what users get by default, next to the peers.
+DEFAULT = ("moe_pallas:auto", "jax.lax.ragged_dot", "tokamax", "torch._grouped_mm")
 IMPLS: dict[str, Callable[[Case, dict], Prepared]] = {
     **{name: _ours(name.split(":")[1]) for name in OURS},
     "jax.lax.ragged_dot": _prepare_xla,

@@ -1,21 +1,35 @@
 """Benchmark runner: our backends and the peers on the suites, against the speed of light.
 
-    python -m benchmarks.run --suite gptoss|swiglu256|decode|train|gmm|all [--impls A,B] [--small]
-                             [--out DIR] [--ceiling datasheet|measured] [--budget SECONDS]
+    python -m benchmarks.run --suite gptoss|swiglu256|decode|train|gmm|all --out DIR
+                             [--impls A,B] [--append] [--small] [--ceiling datasheet|measured]
+                             [--budget SECONDS] [--time-limit SECONDS]
 
-Per (case, implementation): median time of blocking timings after a warm-up call (calls are batched
-so one sample lasts >= 2 ms, samples fill `--budget` seconds, at least 3), SOL from benchmarks/sol.py,
-% SOL = SOL / time, TFLOP/s, GB/s (of the SOL bytes), peak memory, and the relative error of the
-output against the first of jax.lax.ragged_dot, tokamax, torch._grouped_mm that ran (rel_err_vs). Writes results.json, results.csv, summary.md and the plots into
---out (default benchmarks/results/<date>_<device>/). Skips and failures are rows too, with reasons.
+Per (case, implementation): median time of blocking samples after warm-up calls (each sample a
+burst of back-to-back calls lasting >= 20 ms, one wait at its end; samples fill `--budget` seconds,
+at least 3), SOL from benchmarks/sol.py, % SOL = SOL / time, TFLOP/s, GB/s (of the SOL bytes), peak
+memory, and the relative error of the output against the first of jax.lax.ragged_dot, tokamax,
+torch._grouped_mm that ran (rel_err_vs). Skips and failures are rows too, with reasons.
+
+DIR receives the canonical layout: results.json, results.csv, summary.md, the plots (pct_sol.png,
+roofline.png, latency.png) and a README.md naming the device, versions, commit and commands.
+`--append` adds a suite to DIR's run (one suite per call on a short device lease); the run must be
+of the same device and commit. `python -m benchmarks.readme` turns benchmarks/results/ into the
+README's table and docs/performance.md.
 """
+
+import os
+
+# jax grows its pool on demand up to 65% of the card, so the torch peers timed in the same process
+# have the rest (read when jax creates its GPU client: set before the first jax.devices()).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.65")
 
 import argparse
 import csv
 import datetime
 import json
-import os
 import platform
+import shlex
 import subprocess
 import sys
 import time
@@ -96,9 +110,8 @@ def measure(prep: _impls.Prepared, budget_s: float, min_samples: int = 3, max_sa
     prep.wait(out)
     single = max(time.perf_counter() - start, 1e-6)
     # A sample is >= ~20 ms of back-to-back calls, one wait at the end, so the launch and sync
-    # latency of a single blocking call is amortised as in a training loop (with one call per
-    # sample, kernels of ~1 ms timed 0.1-0.25 ms slower than in a device-side loop, H200 run of
-    # 2026-11-30).
+    # latency of a single blocking call (0.1-0.35 ms on an H200) is amortised as in a training
+    # loop instead of being timed with every call.
     inner = max(1, min(100, int(20e-3 / single)))
     samples = max(min_samples, min(max_samples, int(budget_s / (single * inner))))
     times = []
@@ -234,26 +247,37 @@ def summarize(rows: list[dict]) -> list[dict]:
     return out
 
 
-def markdown(rows: list[dict], summary: list[dict], meta: dict) -> str:
-    commit = meta["commit"].split()[0][:12] + (
-        "-dirty" if "dirty" in meta["commit"] or "+" in meta["commit"] else ""
+def short_commit(meta: dict) -> str:
+    """The run's commit, 12 hex digits (+ "-dirty" when the tree had uncommitted changes)."""
+    commit = meta["commit"]
+    return commit.split()[0].split("-")[0][:12] + ("-dirty" if "dirty" in commit else "")
+
+
+def header(meta: dict) -> str:
+    return (
+        f"Device: {meta['device']} · jax {meta['versions']['jax']} · commit {short_commit(meta)} · "
+        f"SOL ceilings: {meta['ceilings']}"
     )
-    header = (
-        f"Device: {meta['device']} · jax {meta['versions']['jax']} · commit {commit} · "
-        f"{meta['date']} · SOL ceilings: {meta['ceilings']}"
-    )
-    lines = [
-        header,
-        "",
-        "| suite | implementation | cases ok | mean ms | SOL mean ms | % SOL |",
-        "|---|---|---|---|---|---|",
-    ]
-    unavailable = {  # implementations that exist on no case of a suite: listed under "Not timed"
+
+
+def _unavailable(rows: list[dict]) -> set[tuple[str, str]]:
+    """(suite, impl) pairs skipped because the implementation does not exist here or does not
+    do the case (not importable, not implemented, a layer-only peer): left out of the tables."""
+    return {
         (r["suite"], r["impl"])
         for r in rows
         if r["status"] == "skipped"
-        and r["message"].startswith(("not implemented", "tokamax not", "the loop over"))
+        and r["message"].startswith(("not implemented", "tokamax not", "the loop over", "torch "))
     }
+
+
+def summary_table(rows: list[dict], summary: list[dict]) -> list[str]:
+    """Markdown lines: suite means per implementation (% SOL only when every case ran)."""
+    lines = [
+        "| suite | implementation | cases ok | mean ms | SOL mean ms | % SOL |",
+        "|---|---|---|---|---|---|",
+    ]
+    unavailable = _unavailable(rows)
     for s in summary:
         if s["cases_ok"] == 0 and (s["suite"], s["impl"]) in unavailable:
             continue
@@ -263,15 +287,75 @@ def markdown(rows: list[dict], summary: list[dict], meta: dict) -> str:
             f"| {s['suite']} | {s['impl']} | {s['cases_ok']}/{s['cases']} | {mean} | "
             f"{s['sol_ms']:.4g} | {pct} |"
         )
-    problems = [r for r in rows if r["status"] != "ok"]
+    return lines
+
+
+def not_timed(rows: list[dict]) -> list[str]:
+    """Markdown bullets: every distinct (implementation, status, reason) of a cell not timed."""
+    lines, seen = [], set()
+    for r in rows:
+        key = (r["impl"], r["status"], r["message"])
+        if r["status"] != "ok" and key not in seen:
+            seen.add(key)
+            lines.append(f"- {r['impl']} ({r['status']}), e.g. {r['case']}: {r['message']}")
+    return lines
+
+
+def markdown(rows: list[dict], summary: list[dict], meta: dict) -> str:
+    """summary.md: the header, the suite means and the cells not timed."""
+    lines = [header(meta), "", *summary_table(rows, summary)]
+    problems = not_timed(rows)
     if problems:
-        lines += ["", "Not timed:", ""]
-        seen = set()
-        for r in problems:
-            key = (r["impl"], r["status"], r["message"])
-            if key not in seen:
-                seen.add(key)
-                lines.append(f"- {r['impl']} ({r['status']}), e.g. {r['case']}: {r['message']}")
+        lines += ["", "Not timed:", "", *problems]
+    return "\n".join(lines) + "\n"
+
+
+PLOTS = {
+    "pct_sol.png": "% SOL of every implementation on every case, one panel per suite",
+    "roofline.png": "achieved TFLOP/s against arithmetic intensity under the device's roof",
+    "latency.png": "forward latency against tokens T per workload, with the SOL line",
+}
+
+
+def folder_readme(meta: dict, out_dir: Path) -> str:
+    """README.md of a results folder: what ran where, how, and what each file is."""
+    versions = ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+    files = [
+        (
+            "results.json",
+            (
+                "`meta` (device, versions, commit, commands, ceilings), the suite means "
+                "(`summary`) and one row per (case, implementation) (`rows`)"
+            ),
+        ),
+        ("results.csv", "the rows as CSV; columns in docs/benchmarks.md, What is reported"),
+        ("summary.md", "suite means per implementation and every reason a cell was not timed"),
+        *((name, what) for name, what in PLOTS.items() if (out_dir / name).exists()),
+    ]
+    small = " · --small shapes (a smoke test)" if meta["small"] else ""
+    where = (
+        f"{meta['device']} ({meta['platform']}) · {versions} · commit `{meta['commit']}` · "
+        f"SOL ceilings: {meta['ceilings']}{small}."
+    )
+    how = (
+        "Written by `benchmarks/run.py`; `python -m benchmarks.readme` turns it into the README's "
+        "performance table and docs/performance.md. Commands, from the repository root, in order:"
+    )
+    lines = [
+        "# Benchmark results",
+        "",
+        where,
+        "",
+        how,
+        "",
+        "```bash",
+        *meta["commands"],
+        "```",
+        "",
+        "| file | what it is |",
+        "|---|---|",
+        *(f"| `{name}` | {what} |" for name, what in files),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -291,6 +375,23 @@ def write(out_dir: Path, rows: list[dict], meta: dict, plots: bool = True) -> No
         from benchmarks import plots as _plots
 
         _plots.write_all(rows, meta, out_dir)
+    (out_dir / "README.md").write_text(folder_readme(meta, out_dir))
+
+
+def _earlier(out_dir: Path, meta: dict, parser) -> dict | None:
+    """The run already in out_dir, to be appended to; it must be of this device and commit."""
+    path = out_dir / "results.json"
+    if not path.exists():
+        return None
+    earlier = json.loads(path.read_text())
+    for key in ("device", "commit", "small"):
+        if earlier["meta"].get(key) != meta[key]:
+            parser.error(
+                f"--append: {path} holds a run with {key}={earlier['meta'].get(key)!r}, this one "
+                f"has {meta[key]!r}; a run is one device and one commit: use another --out "
+                "(BENCH_COMMIT=<sha> names the commit where the tree has no .git)."
+            )
+    return earlier
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -302,11 +403,13 @@ def main(argv: list[str] | None = None) -> Path:
     )
     parser.add_argument(
         "--impls",
-        default=",".join(_impls.IMPLS),
-        help="comma-separated subset of: " + ", ".join(_impls.IMPLS),
+        default=",".join(_impls.DEFAULT),
+        help=f"comma-separated subset of: {', '.join(_impls.IMPLS)} (default: %(default)s)",
     )
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
-    parser.add_argument("--out", type=Path, help="output folder")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="output folder (canonical: benchmarks/results)"
+    )
     parser.add_argument("--ceiling", choices=("datasheet", "measured"), default="datasheet")
     parser.add_argument(
         "--device", choices=tuple(_sol.DEVICES), help="datasheet entry (default: detect)"
@@ -333,6 +436,7 @@ def main(argv: list[str] | None = None) -> Path:
         help="add to --out's results.json (rows of re-run cases are replaced): one suite per call",
     )
     parser.add_argument("--no-plots", action="store_true")
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
 
     impl_names = [s.strip() for s in args.impls.split(",") if s.strip()]
@@ -341,9 +445,14 @@ def main(argv: list[str] | None = None) -> Path:
         parser.error(f"--impls: unknown {unknown}; choose from {list(_impls.IMPLS)}")
     # Outputs are checked against the first implementation that ran: the peers go first.
     impl_names.sort(key=lambda n: _REFERENCE_ORDER.index(n) if n in _REFERENCE_ORDER else 9)
-    case_list = [
-        c for s in args.suite.split(",") for c in _cases.suite_cases(s.strip(), small=args.small)
-    ]
+    try:
+        case_list = [
+            c
+            for s in args.suite.split(",")
+            for c in _cases.suite_cases(s.strip(), small=args.small)
+        ]
+    except ValueError as err:
+        parser.error(f"--suite: {err}")
     if args.tokens:
         keep = {int(t) for t in args.tokens.split(",")}
         case_list = [c for c in case_list if c.tokens in keep]
@@ -362,7 +471,7 @@ def main(argv: list[str] | None = None) -> Path:
         "device": jax.devices()[0].device_kind,
         "platform": jax.default_backend(),
         "commit": _git_commit(),
-        "command": " ".join(sys.argv),
+        "commands": ["python -m benchmarks.run " + shlex.join(argv)],
         "ceilings": f"{device.name}: {device.peak_flops['bfloat16'] / 1e12:.0f} TFLOP/s bf16, "
         f"{device.bandwidth / 1e12:.2f} TB/s",
         "peak_flops_bf16": device.peak_flops["bfloat16"],
@@ -371,15 +480,15 @@ def main(argv: list[str] | None = None) -> Path:
         "budget_s": args.budget,
         "versions": _versions(),
     }
-    slug = jax.devices()[0].device_kind.lower().replace(" ", "-")
-    out_dir = args.out or RESULTS / f"{now:%Y-%m-%d}_{slug}{'_small' if args.small else ''}"
+    out_dir = args.out
 
     rows, params, params_of, start = [], None, None, time.monotonic()
-    if args.append and (out_dir / "results.json").exists():
-        earlier = json.loads((out_dir / "results.json").read_text())
+    earlier = _earlier(out_dir, meta, parser) if args.append else None
+    if earlier is not None:
         names = {c.name for c in case_list}
         rows = [r for r in earlier["rows"] if r["case"] not in names]
-        meta["command"] = f"{earlier['meta']['command']} && {meta['command']}"
+        meta["commands"] = [*earlier["meta"]["commands"], *meta["commands"]]
+        meta["wall_s"] = earlier["meta"].get("wall_s", 0.0)
     first_of_suite = {}
     for case in case_list:
         first_of_suite.setdefault(case.suite, case)
@@ -405,7 +514,8 @@ def main(argv: list[str] | None = None) -> Path:
             rows += run_case(case, impl_names, params, device, args.budget, pbar, skip)
             write(out_dir, rows, meta, plots=False)  # partial results survive an interrupted run
     meta["versions"] = _versions()
-    meta["wall_s"] = (datetime.datetime.now(datetime.UTC) - now).total_seconds()
+    wall = (datetime.datetime.now(datetime.UTC) - now).total_seconds()
+    meta["wall_s"] = meta.get("wall_s", 0.0) + wall
     write(out_dir, rows, meta, plots=not args.no_plots)
     print(markdown(rows, summarize(rows), meta))
     print(f"wrote {out_dir}")

@@ -147,6 +147,14 @@ def test_runner_end_to_end_on_cpu(tmp_path, monkeypatch):
     assert "decode" in (out / "summary.md").read_text()
     for name in ("pct_sol.png", "roofline.png", "latency.png"):
         assert (out / name).stat().st_size > 1000
+    folder_readme = (out / "README.md").read_text()
+    assert data["meta"]["commands"] == [
+        "python -m benchmarks.run --suite decode --small --impls "
+        "'tokamax,fake oom,moe_pallas:pallas_triton,jax.lax.ragged_dot' "
+        f"--out {tmp_path} --budget 0.01"
+    ]
+    for text in (*data["meta"]["commands"], data["meta"]["commit"], "jax 0.11.2", "roofline.png"):
+        assert text in folder_readme
 
 
 def test_peer_layer_glue_matches_reference():
@@ -205,7 +213,21 @@ def test_append_adds_a_suite_to_an_earlier_run(tmp_path):
     run.main(["--suite", "train", "--tokens", "16", "--no-plots", "--append", *common])
     data = json.loads((tmp_path / "results.json").read_text())
     assert [s["suite"] for s in data["summary"]] == ["gmm", "train"]
-    assert data["meta"]["command"].count("&&") == 1
+    assert [c.split()[4] for c in data["meta"]["commands"]] == ["gmm", "train"]
+    assert all(c in (tmp_path / "README.md").read_text() for c in data["meta"]["commands"])
+
+
+def test_append_refuses_a_run_of_another_commit(tmp_path, monkeypatch, capsys):
+    """A canonical run is one commit: appending from another tree is refused, exit 2."""
+    common = ["--small", "--impls", "jax.lax.ragged_dot", "--budget", "0.01", "--no-plots"]
+    common += ["--suite", "decode", "--tokens", "1", "--out", str(tmp_path)]
+    monkeypatch.setenv("BENCH_COMMIT", "a" * 40)
+    run.main(common)
+    monkeypatch.setenv("BENCH_COMMIT", "b" * 40)
+    with pytest.raises(SystemExit) as exit_info:
+        run.main([*common, "--append"])
+    assert exit_info.value.code == 2 and "one commit" in capsys.readouterr().err
+    assert json.loads((tmp_path / "results.json").read_text())["meta"]["commit"] == "a" * 40
 
 
 def test_autotune_rewrites_a_loadable_table(tmp_path):
@@ -304,5 +326,3 @@ def test_tgmm_benchmark_on_cpu(tmp_path):
         assert r["tgmm 16,16,16,2,4,2"]["ms"] > 0 and r["fill"]["ms"] > 0
         assert r["mosaic 64,64,32,2"]["ms"] > 0 and r["mosaic_rel_err"]["64,64,32,2"] < 1e-5
         assert "mismatch" not in r
-
-
