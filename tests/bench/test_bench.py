@@ -148,11 +148,9 @@ def test_runner_end_to_end_on_cpu(tmp_path, monkeypatch):
     for name in ("pct_sol.png", "roofline.png", "latency.png"):
         assert (out / name).stat().st_size > 1000
     folder_readme = (out / "README.md").read_text()
-    assert data["meta"]["commands"] == [
-        "python -m benchmarks.run --suite decode --small --impls "
-        "'tokamax,fake oom,moe_pallas:pallas_triton,jax.lax.ragged_dot' "
-        f"--out {tmp_path} --budget 0.01"
-    ]
+    impls_arg = "'tokamax,fake oom,moe_pallas:pallas_triton,jax.lax.ragged_dot'"
+    command = f"python -m benchmarks.run --suite decode --small --impls {impls_arg} "
+    assert data["meta"]["commands"] == [f"{command}--out {tmp_path} --budget 0.01"]
     for text in (*data["meta"]["commands"], data["meta"]["commit"], "jax 0.11.2", "roofline.png"):
         assert text in folder_readme
 
@@ -184,19 +182,79 @@ def test_peer_layer_glue_matches_reference():
         assert float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref)) < 1e-5
 
 
-def test_readme_section_replaces_only_the_marked_block(tmp_path):
+def _synthetic_run(folder: Path) -> dict:
+    """A results.json as benchmarks.run writes it: two suites, a skipped and a failed cell."""
+    meta = {
+        "date": "2000-01-01T00:00:00Z",
+        "device": "NVIDIA H200",
+        "platform": "gpu",
+        "commit": "0123456789abcdef0123456789abcdef01234567",
+        "commands": [
+            "python -m benchmarks.run --suite gptoss --out benchmarks/results",
+            "python -m benchmarks.run --suite decode --out benchmarks/results --append",
+        ],
+        "ceilings": "h200: 989 TFLOP/s bf16, 4.80 TB/s",
+        "peak_flops_bf16": 989e12,
+        "bandwidth": 4.8e12,
+        "small": False,
+        "budget_s": 0.2,
+        "versions": {"python": "3.12.3", "jax": "0.11.2", "torch": "2.11.0"},
+    }
+    rows = []
+    for suite, tokens in (("gptoss", (2048, 4096)), ("decode", (1,))):
+        for t in tokens:
+            case = f"gptoss/fwd/T={t}"
+            base = {"suite": suite, "case": case, "workload": "gptoss", "mode": "fwd"}
+            base |= {"tokens": t, "sol_ms": 1.2, "intensity": 100.0, "hit_experts": 128}
+            ours = {"impl": "moe_pallas:auto", "status": "ok", "message": "", "time_ms": 1.5}
+            ours |= {"pct_sol": 80.0, "tflops": 1.0, "gbps": 1.0, "rel_err": 4e-3}
+            ours |= {"rel_err_vs": "torch._grouped_mm"}
+            torch_ = {"impl": "torch._grouped_mm", "status": "ok", "message": "", "time_ms": 3.0}
+            torch_ |= {"pct_sol": 40.0, "tflops": 0.5, "gbps": 0.5}
+            rows += [base | torch_, base | ours]
+            tokamax = {"impl": "tokamax", "status": "error", "message": "ValueError: tiling 8"}
+            if t == 4096:
+                rows.append(base | tokamax)
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"meta": meta, "summary": [], "rows": rows}))
+    return meta
+
+
+def test_readme_and_performance_page_come_from_the_results_folder(tmp_path):
+    """benchmarks.readme on a synthetic run: the README block between the markers (and nothing
+    else) and the whole performance page are generated from results.json alone."""
     from benchmarks import readme
 
-    folder = run.RESULTS / "2026-11-30_h200_validation"
-    page = tmp_path / "README.md"
+    results = tmp_path / "benchmarks" / "results"
+    meta = _synthetic_run(results)
+    page, performance = tmp_path / "README.md", tmp_path / "docs" / "performance.md"
     page.write_text(f"# top\n\n{readme.BEGIN}\nold\n{readme.END}\n\n## after\n")
-    readme.update(folder, page)
+    readme.main(
+        ["--results", str(results), "--readme", str(page), "--performance", str(performance)]
+    )
     text = page.read_text()
     assert text.startswith("# top\n") and text.endswith("## after\n") and "old" not in text
-    assert "| gptoss | tokamax |" in text and "pct_sol.png" in text
+    assert "commit 0123456789ab ·" in text and "NVIDIA H200" in text
+    assert "| gptoss | moe_pallas:auto | 2/2 | 1.5 | 1.2 | 80% |" in text
+    assert "| gptoss | tokamax | 0/2 | — |" in text  # a failing peer stays in the table
+    assert "![% SOL per case](benchmarks/results/pct_sol.png)" in text
+    assert "(docs/performance.md)" in text
+    body = performance.read_text()
+    assert meta["commit"] in body and all(c in body for c in meta["commands"])
+    assert "### gptoss" in body and "### decode" in body
+    for case in ("gptoss/fwd/T=2048", "gptoss/fwd/T=4096", "gptoss/fwd/T=1"):
+        assert f"| {case} | 128 | 1.2 |" in body
+    assert "| gptoss/fwd/T=4096 | 128 | 1.2 | 3 (40%) | 1.5 (80%) | — |" in body
+    assert "- tokamax (error), e.g. gptoss/fwd/T=4096: ValueError: tiling 8" in body
+    assert "median" in body and "experts the case's routing hits" in body
+    assert "session" not in body.lower() and "2000-01-01" not in body + text
+    readme.update(results, page, performance)  # regenerating changes nothing
+    assert page.read_text() == text and performance.read_text() == body
     page.write_text("no markers")
     with pytest.raises(ValueError, match="markers"):
-        readme.update(folder, page)
+        readme.update(results, page, performance)
+    with pytest.raises(FileNotFoundError, match="benchmarks.run"):
+        readme.update(tmp_path / "empty", page, performance)
 
 
 def test_append_adds_a_suite_to_an_earlier_run(tmp_path):
