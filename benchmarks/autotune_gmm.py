@@ -1,7 +1,7 @@
-"""Autotune the grouped-matmul block configs per shape class on the layer's own calls and rewrite
-the table in moe_pallas/kernels/config.py (between its BEGIN/END TABLE markers).
+"""Autotune the Triton grouped-matmul block configs per rows class on the layer's own calls and
+write them into the tuning table, `moe_pallas/tuning.json`, for this device.
 
-Each (kernel, class) is timed on the calls the fused layer makes, at both seed workloads
+Each (kernel, rows class) is timed on the calls the fused layer makes, at both workloads
 (`benchmarks.cases.WORKLOADS`: gpt-oss H = I = 2880, E = 128, k = 4, biases; SwiGLU-256
 H = 4096, I = 2048, E = 256, k = 8) with uniform random routing at the class's token count; the
 candidate with the least total time wins:
@@ -11,27 +11,32 @@ candidate with the least total time wins:
   gmm_t    dx = dh @ w_gate_upᵀ
   tgmm     d w_down = aᵀ dy and d w_gate_up = x[row_token]ᵀ dh
 
-Run on the GPU the table is for:
+A winner becomes one entry of the table (`moe_pallas.tuning`): backend "pallas_triton", the kernel,
+dtype/K/N "*" (one config per class for every shape), the rows class, the `BlockConfig` as a dict,
+under this GPU's `device_kind` (a device new to the table is added with its SM count). Run on the
+GPU the table is for; without --write the entries are printed only:
 
-    PYTHONPATH=. python3 benchmarks/autotune_gmm.py --classes small --write moe_pallas/kernels/config.py
+    python -m benchmarks.autotune_gmm --classes small [--kernels gmm] [--around-table] [--write]
 """
 
 import argparse
 import dataclasses
 import json
-import pathlib
-import re
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from tqdm import tqdm
 
 from benchmarks.bench_gmm import time_op
 from benchmarks.cases import SMALL_WORKLOADS, WORKLOADS
-from moe_pallas import dispatch
-from moe_pallas.kernels import config as _config
-from moe_pallas.kernels import gmm, tgmm
+from moe_pallas import dispatch, tuning
+from moe_pallas.kernels.config import BlockConfig
+from moe_pallas.kernels.gmm import gmm
+from moe_pallas.kernels.tgmm import tgmm
 
-C = _config.BlockConfig
+C = BlockConfig
 GMM_CANDIDATES = {
     "tiny": [
         C(16, 64, 128, 8, 4, 4),
@@ -163,15 +168,32 @@ def _calls(kernel, cfg, p):
     raise ValueError(kernel)
 
 
-def _candidates(kernel, cls, around_table=False):
-    if around_table:  # the table's entry, its bucketed-M and tail_m variants (gmm kernels only)
-        entry = _config._TABLE[(kernel, cls)]
-        lows = [m for m in (entry.block_m // 2, 16) if 16 <= m < entry.block_m]
+def table_config(kernel, cls, device, *, workload="gptoss", path=tuning.TABLE_PATH):
+    """The table's Triton config for (kernel, class) on `device` (the default device's off the
+    table), looked up at the workload's gate_up shape, or None."""
+    w = WORKLOADS[workload]
+    found = tuning.lookup(
+        "pallas_triton",
+        kernel,
+        dtype=jnp.bfloat16,
+        k=w.hidden,
+        n=2 * w.inter,
+        rows=cls,
+        device=device,
+        path=path,
+    )
+    return None if found is None else BlockConfig(**found)
+
+
+def _candidates(kernel, cls, around_table=False, device=None, path=tuning.TABLE_PATH):
+    seed = table_config(kernel, cls, device, path=path) if around_table else None
+    if seed is not None:  # the table's entry, its bucketed-M and tail_m variants (gmm kernels)
         if kernel == "tgmm":
-            return [entry]
-        tails = [dataclasses.replace(entry, tail_m=t) for t in (0, 32, 64) if t <= entry.block_m]
-        lows = [dataclasses.replace(entry, min_block_m=m) for m in lows]
-        return list(dict.fromkeys([entry, *lows, *tails]))
+            return [seed]
+        lows = [m for m in (seed.block_m // 2, 16) if 16 <= m < seed.block_m]
+        tails = [dataclasses.replace(seed, tail_m=t) for t in (0, 32, 64) if t <= seed.block_m]
+        lows = [dataclasses.replace(seed, min_block_m=m) for m in lows]
+        return list(dict.fromkeys([seed, *lows, *tails]))
     if kernel == "tgmm":
         return TGMM_CANDIDATES
     return (GLU_CANDIDATES if kernel == "gmm_glu" else GMM_CANDIDATES)[cls]
@@ -181,11 +203,41 @@ def _candidates(kernel, cls, around_table=False):
 SMALL_CANDIDATES = [C(16, 16, 16, 2, 4, 2), C(16, 32, 16, 1, 4, 2)]
 
 
-def tune(kernels, classes, workloads, small=False, around_table=False, done=lambda t, log: None):
-    """(table, log) after timing every candidate; `done(table, log)` after each (kernel, class),
-    so a run stopped by a time limit keeps what it measured."""
-    table = dict(_config._TABLE)
-    log = []
+def entry(kernel: str, cls: str, cfg: BlockConfig) -> dict:
+    """The tuning-table entry of a winner: every dtype and shape of the class."""
+    return {
+        "backend": "pallas_triton",
+        "kernel": kernel,
+        "dtype": "*",
+        "k": "*",
+        "n": "*",
+        "rows": cls,
+        "config": dataclasses.asdict(cfg),
+    }
+
+
+def tune(
+    kernels,
+    classes,
+    workloads,
+    small=False,
+    around_table=False,
+    device=None,
+    path=tuning.TABLE_PATH,
+    done=lambda entries, log: None,
+):
+    """(entries, log) after timing every candidate: one entry per (kernel, class) that had a
+    candidate run; `done(entries, log)` after each, so a run stopped by a time limit keeps what
+    it measured."""
+    entries, log = [], []
+    plan = {
+        (cls, kernel): SMALL_CANDIDATES
+        if small
+        else _candidates(kernel, cls, around_table, device, path)
+        for cls in classes
+        for kernel in kernels
+    }
+    bar = tqdm(total=sum(map(len, plan.values())), desc="autotune", unit="cfg", file=sys.stderr)
     for cls in classes:
         problems = {}
         for w in workloads:
@@ -194,8 +246,9 @@ def tune(kernels, classes, workloads, small=False, around_table=False, done=lamb
             problems[w] = _problem(w, 16 if small else tokens, small)
         for kernel in kernels:
             best = None
-            for cfg in SMALL_CANDIDATES if small else _candidates(kernel, cls, around_table):
-                entry = {"kernel": kernel, "cls": cls, "cfg": dataclasses.asdict(cfg)}
+            for cfg in plan[(cls, kernel)]:
+                record = {"kernel": kernel, "rows": cls, "config": dataclasses.asdict(cfg)}
+                bar.set_postfix_str(f"{kernel} {cls}")
                 try:
                     per_workload = {
                         w: sum(
@@ -205,70 +258,91 @@ def tune(kernels, classes, workloads, small=False, around_table=False, done=lamb
                         for w, p in problems.items()
                     }
                 except Exception as err:  # noqa: BLE001 - e.g. shared memory exceeded
-                    log.append({**entry, "error": str(err)[:200]})
-                    print(f"{kernel:7} {cls:6} {cfg} failed: {str(err)[:100]}", flush=True)
+                    log.append({**record, "error": str(err)[:200]})
+                    bar.write(f"{kernel:7} {cls:6} {cfg} failed: {str(err)[:100]}")
+                    bar.update()
                     continue
                 total = sum(per_workload.values())
-                log.append({**entry, "ms": per_workload, "total_ms": total})
-                print(f"{kernel:7} {cls:6} {cfg} {per_workload} {total:.3f} ms", flush=True)
+                log.append({**record, "ms": per_workload, "total_ms": total})
+                bar.write(f"{kernel:7} {cls:6} {cfg} {per_workload} {total:.3f} ms")
+                bar.update()
                 if best is None or total < best[0]:
                     best = (total, cfg)
             if best is not None:
-                table[(kernel, cls)] = best[1]
-            done(table, log)
+                entries.append(entry(kernel, cls, best[1]))
+            done(entries, log)
         del problems
-    return table, log
+    bar.close()
+    return entries, log
 
 
-def render(table):
-    lines = ["_TABLE: dict[tuple[str, str], BlockConfig] = {"]
-    for (kernel, cls), c in sorted(table.items()):
-        args = (
-            f"{c.block_m}, {c.block_n}, {c.block_k}, group_m={c.group_m}, "
-            f"num_warps={c.num_warps}, num_stages={c.num_stages}"
-            + ("" if c.min_block_m is None else f", min_block_m={c.min_block_m}")
-            + (f", tail_m={c.tail_m}" if c.tail_m else "")
-        )
-        line = f'    ("{kernel}", "{cls}"): BlockConfig({args}),'
-        if len(line) > 100:  # wrapped as ruff format would (line length 100)
-            line = f'    ("{kernel}", "{cls}"): BlockConfig(\n        {args}\n    ),'
-        lines.append(line)
-    return "\n".join([*lines, "}"])
+def _device_sms(device) -> int | None:
+    """The GPU's streaming multiprocessors as jax reports them (None off GPU)."""
+    if device.platform != "gpu":
+        return None
+    return getattr(device, "num_cores", None) or getattr(device, "core_count", None)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", help="config.py to rewrite (default: print the table only)")
-    parser.add_argument("--log", default="gmm_autotune.json")
-    parser.add_argument("--kernels", nargs="+", default=["gmm", "gmm_glu", "gmm_t", "tgmm"])
-    parser.add_argument("--classes", nargs="+", default=list(TOKENS))
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--write", action="store_true", help="write the entries into --table (default: print them)"
+    )
+    parser.add_argument("--table", type=Path, default=tuning.TABLE_PATH, help="%(default)s")
+    parser.add_argument(
+        "--device",
+        help="the table's device name to write under (default: this GPU's device_kind)",
+    )
+    parser.add_argument(
+        "--num-sms", type=int, help="SMs of a device new to the table (default: this GPU's)"
+    )
+    parser.add_argument("--log", type=Path, help="JSON file for every candidate's times")
+    parser.add_argument(
+        "--kernels", nargs="+", default=list(tuning.KERNELS), choices=tuning.KERNELS
+    )
+    parser.add_argument("--classes", nargs="+", default=list(TOKENS), choices=tuning.ROWS_CLASSES)
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
     parser.add_argument(
         "--around-table",
         action="store_true",
-        help="time only each table entry and its bucketed-M variants (min_block_m below block_m) and tail_m variants",
+        help="time only each table entry and its bucketed-M (min_block_m below block_m) and "
+        "tail_m variants",
     )
     args = parser.parse_args(argv)
+    gpu = jax.devices()[0]
+    device = args.device or (gpu.device_kind if gpu.platform == "gpu" else None)
+    if args.write and device is None:
+        parser.error(
+            "--write: off a GPU the kernels run in interpret mode and their times mean nothing; "
+            "run on the GPU the table is for (or name it with --device, e.g. in a test)."
+        )
+    num_sms = args.num_sms or _device_sms(gpu)
 
-    def write(table, log):
-        with open(args.log, "w") as f:
-            meta = {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
-            json.dump({**meta, "log": log}, f, indent=1)
-        if args.write:
-            path = pathlib.Path(args.write)
-            src = re.sub(
-                r"(# BEGIN TABLE.*?\n).*?(\n# END TABLE)",
-                lambda m: m[1] + render(table) + m[2],
-                path.read_text(),
-                flags=re.DOTALL,
-            )
-            path.write_text(src)
+    def done(entries, log):
+        if args.log:
+            meta = {"device": gpu.device_kind, "jax": jax.__version__}
+            args.log.write_text(json.dumps({**meta, "log": log}, indent=1))
+        if args.write and entries:
+            tuning.write_entries(entries, device, num_sms=num_sms, path=args.table)
 
-    table, _ = tune(
-        args.kernels, args.classes, args.workloads, args.small, args.around_table, done=write
+    entries, _ = tune(
+        args.kernels,
+        args.classes,
+        args.workloads,
+        args.small,
+        args.around_table,
+        device,
+        args.table,
+        done=done,
     )
-    print(render(table))
+    for e in entries:
+        print(json.dumps(e))
+    if args.write:
+        print(f"wrote {len(entries)} entries for {device!r} into {args.table}")
+    return entries
 
 
 if __name__ == "__main__":

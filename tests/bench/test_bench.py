@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from benchmarks import cases, impls, run, sol
+from moe_pallas.kernels import config
 
 H200 = sol.DEVICES["h200"]
 ROOT = Path(__file__).resolve().parents[2]
@@ -288,51 +289,109 @@ def test_append_refuses_a_run_of_another_commit(tmp_path, monkeypatch, capsys):
     assert json.loads((tmp_path / "results.json").read_text())["meta"]["commit"] == "a" * 40
 
 
-def test_autotune_rewrites_a_loadable_table(tmp_path):
-    """The device autotune on tiny shapes: every (kernel, class) of the table keeps an entry and
-    the rewritten config.py still imports, with a tuned class taking a timed candidate."""
-    import importlib.util
+def _table_copy(tmp_path) -> Path:
+    from moe_pallas import tuning
 
+    copy = tmp_path / "tuning.json"
+    copy.write_text(tuning.TABLE_PATH.read_text())
+    return copy
+
+
+def test_autotune_writes_entries_that_the_table_looks_up(tmp_path):
+    """The autotuner on tiny shapes (interpret mode) with --write into a temp copy of the table:
+    each kernel's "small" entry is replaced by a timed candidate that `tuning.lookup` returns,
+    the other classes and backends stay, and the package's own table is untouched."""
     from benchmarks import autotune_gmm
-    from moe_pallas.kernels import config
+    from moe_pallas import tuning
 
-    target = tmp_path / "config.py"
-    target.write_text(Path(config.__file__).read_text())
-    log = tmp_path / "log.json"
-    autotune_gmm.main(["--small", "--classes", "small", "--write", str(target), "--log", str(log)])
-    spec = importlib.util.spec_from_file_location("tuned_config", target)
-    tuned = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tuned)
-    assert set(tuned._TABLE) == set(config._TABLE)
+    package_table = tuning.TABLE_PATH.read_bytes()
+    table, log = _table_copy(tmp_path), tmp_path / "log.json"
+    before = json.loads(table.read_text())["devices"]["NVIDIA H200"]["entries"]
+    argv = ["--small", "--classes", "small", "--write", "--table", str(table)]
+    entries = autotune_gmm.main([*argv, "--device", "NVIDIA H200", "--log", str(log)])
+    assert sorted(e["kernel"] for e in entries) == sorted(tuning.KERNELS)
+    candidates = [dataclasses.asdict(c) for c in autotune_gmm.SMALL_CANDIDATES]
+    after = json.loads(table.read_text())["devices"]["NVIDIA H200"]["entries"]
+    assert len(after) == len(before)  # replaced, not added
+    for e in entries:
+        assert (e["backend"], e["dtype"], e["k"], e["n"], e["rows"]) == (
+            "pallas_triton",
+            "*",
+            "*",
+            "*",
+            "small",
+        )
+        assert e["config"] in candidates
+        for dtype, k, n in ((jnp.bfloat16, 2880, 5760), (jnp.float32, 64, 32)):
+            found = tuning.lookup(
+                "pallas_triton",
+                e["kernel"],
+                dtype=dtype,
+                k=k,
+                n=n,
+                rows="small",
+                device="NVIDIA H200",
+                path=table,
+            )
+            assert found == e["config"]
+            assert config.BlockConfig(**found) in autotune_gmm.SMALL_CANDIDATES
+    untouched = [e for e in before if e["rows"] != "small" or e["backend"] != "pallas_triton"]
+    assert all(e in after for e in untouched)
     timed = json.loads(log.read_text())["log"]
-    assert {e["kernel"] for e in timed if "total_ms" in e} == {"gmm", "gmm_glu", "gmm_t", "tgmm"}
-    fields = dataclasses.astuple  # the reloaded module has its own BlockConfig class
-    for kernel in ("gmm", "gmm_glu", "gmm_t", "tgmm"):
-        assert fields(tuned._TABLE[(kernel, "small")]) in map(fields, autotune_gmm.SMALL_CANDIDATES)
-        assert fields(tuned._TABLE[(kernel, "large")]) == fields(config._TABLE[(kernel, "large")])
+    assert {e["kernel"] for e in timed if "total_ms" in e} == set(tuning.KERNELS)
+    assert tuning.TABLE_PATH.read_bytes() == package_table
+    # A device new to the table is added with its SM count, and only its own entries apply.
+    with pytest.raises(ValueError, match="num_sms"):
+        tuning.write_entries(entries, "Test GPU", path=table)
+    tuning.write_entries(entries, "Test GPU", num_sms=8, path=table)
+    data = json.loads(table.read_text())
+    assert data["devices"]["Test GPU"] == {"num_sms": 8, "entries": entries}
+    assert tuning.lookup(
+        "pallas_triton",
+        "tgmm",
+        dtype=jnp.bfloat16,
+        k=1,
+        n=1,
+        rows="small",
+        device="Test GPU",
+        path=table,
+    ) == next(e["config"] for e in entries if e["kernel"] == "tgmm")
+    assert tuning.TABLE_PATH.read_bytes() == package_table
 
 
-def test_autotune_table_renders_min_block_m(tmp_path):
-    """Bucketed-M and tail configs (BlockConfig.min_block_m, tail_m) survive the table's text,
-    whose rows stay within the line length."""
-    import importlib.util
-
+def test_autotune_seeds_from_the_table_and_keeps_every_field(tmp_path):
+    """--around-table starts from `tuning.lookup`'s config; configs with bucketed M and tails
+    (min_block_m, tail_m) survive the JSON round trip."""
     from benchmarks import autotune_gmm
-    from moe_pallas.kernels import config
+    from moe_pallas import tuning
 
-    table = {
+    seeded = autotune_gmm._candidates("gmm", "small", around_table=True)
+    table_cfg = tuning.lookup(
+        "pallas_triton", "gmm", dtype=jnp.bfloat16, k=2880, n=5760, rows="small", device=None
+    )
+    assert seeded[0] == config.BlockConfig(**table_cfg)
+    assert {c.tail_m for c in seeded} >= {0, table_cfg["tail_m"]}
+    assert autotune_gmm._candidates("tgmm", "large", around_table=True) == [
+        autotune_gmm.table_config("tgmm", "large", None)
+    ]
+    table = _table_copy(tmp_path)
+    configs = {
         ("gmm_glu", "large"): config.BlockConfig(128, 256, 64, 8, 8, 4, min_block_m=16),
         ("gmm_t", "small"): config.BlockConfig(128, 256, 64, 8, 8, 4, tail_m=64),
-        ("tgmm", "large"): config.BlockConfig(64, 128, 128, 8, 4, 3),
+        ("tgmm", "tiny"): config.BlockConfig(32, 128, 128, 1, 4, 4),
     }
-    text = autotune_gmm.render(table)
-    assert max(map(len, text.splitlines())) <= 100
-    target = tmp_path / "table.py"
-    target.write_text(f"from moe_pallas.kernels.config import BlockConfig\n\n{text}\n")
-    spec = importlib.util.spec_from_file_location("rendered_table", target)
-    rendered = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(rendered)
-    assert rendered._TABLE == table
+    entries = [autotune_gmm.entry(k, cls, cfg) for (k, cls), cfg in configs.items()]
+    tuning.write_entries(entries, "Test GPU", num_sms=8, path=table)
+    for (kernel, cls), cfg in configs.items():
+        assert autotune_gmm.table_config(kernel, cls, "Test GPU", path=table) == cfg
+
+
+def test_autotune_refuses_to_write_interpret_mode_times(tmp_path, capsys):
+    from benchmarks import autotune_gmm
+
+    with pytest.raises(SystemExit) as exit_info:
+        autotune_gmm.main(["--small", "--write", "--table", str(_table_copy(tmp_path))])
+    assert exit_info.value.code == 2 and "interpret mode" in capsys.readouterr().err
 
 
 def test_expert_parallel_benchmark_on_simulated_devices(tmp_path):
