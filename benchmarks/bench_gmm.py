@@ -1,38 +1,44 @@
-"""Time moe_pallas gmm / tgmm at both workloads' expert shapes against jax.lax.ragged_dot.
+"""Time the grouped matmuls alone, per backend, at both workloads' expert shapes.
 
-Shapes: gpt-oss (H = I = 2880, E = 128, k = 4) and SwiGLU (H = 4096, I = 2048, E = 256, k = 8),
-projections gate_up (K = H, N = 2I) and down (K = I, N = H), M = T·k rows for T in 1, 64 (decode)
-and 2048, 16384 (prefill), expert ids drawn uniformly at random. bf16 inputs (random normal, never
-zeros), f32 accumulation. Each timing runs the kernel `reps` times inside one jitted loop (every
-iteration depends on the previous one, so nothing is hoisted or overlapped) after a warm-up; the
-median of 5 such loops over reps is reported; a loop iteration costs ~15 us by itself on the H200
-(2026-12-01, session 8), which inflates the T = 1 rows (kernels of 20-60 us): kernel times there come from a trace
-(benchmarks/profile_layer.py). Bytes: weights of the experts actually hit, plus
-lhs in and out (tgmm: lhs and rhs in, the whole [G, K, N] out). tokamax is timed when importable.
+    python -m benchmarks.bench_gmm [--impls pallas_triton,mosaic_gpu] [--workloads gptoss ...]
+                                   [--tokens 1 64 2048 16384] [--no-ragged-dot] [--out FILE.json]
 
-    PYTHONPATH=. python3 benchmarks/bench_gmm.py --out results.json
+Shapes (`benchmarks.cases.WORKLOADS`): gpt-oss (H = I = 2880, E = 128, k = 4) and SwiGLU-256
+(H = 4096, I = 2048, E = 256, k = 8), projections gate_up (K = H, N = 2I) and down (K = I, N = H),
+M = T·k rows for T in 1, 64 (decode) and 2048, 16384 (prefill), expert ids drawn uniformly at
+random; bf16 operands (random normal), bf16 outputs, float32 accumulation. Columns, per backend of
+--impls: `moe_pallas.ragged_dot` (gmm) and `moe_pallas.tgmm` (the weight gradient lhsᵀ @ d_out per
+expert); then `jax.lax.ragged_dot` (a dense fallback on GPU: up to 8192 rows) and tokamax's
+`ragged_dot` where importable (benchmarks/fetch_peers.sh).
+
+Timing (`time_op`): the call runs `reps` times inside one jitted loop, every iteration depending on
+the previous one (nothing is hoisted or overlapped), after a warm-up; the median of 5 such loops
+over reps. A loop iteration has a fixed cost of its own (~15 us on an H200), which inflates calls
+of a few tens of microseconds (T = 1): the suites (`benchmarks.run --suite decode`) time those in
+bursts of calls instead. Bytes: the weights of the experts hit, lhs in and out (tgmm: lhs and d_out
+in, the whole [E, K, N] out).
 """
 
 import argparse
-import datetime
 import json
 import statistics
-import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tqdm import tqdm
 
+import moe_pallas
+from benchmarks import cases as _cases
+from benchmarks import provenance
 from moe_pallas import dispatch
-from moe_pallas.kernels import gmm, tgmm
 
-WORKLOADS = {
-    "gptoss": {"h": 2880, "i": 2880, "e": 128, "k": 4},
-    "swiglu": {"h": 4096, "i": 2048, "e": 256, "k": 8},
-}
 TOKENS = (1, 64, 2048, 16384)
+SMALL_TOKENS = (1, 16)
+BACKENDS = ("pallas_triton", "mosaic_gpu")
 RAGGED_DOT_MAX_ROWS = 8192  # jax.lax.ragged_dot is a dense fallback on GPU: slow, memory-hungry
 
 
@@ -63,6 +69,9 @@ def time_op(op, carry, *args, target_s=0.05):
 
 
 def _tokamax_ragged_dot():
+    from benchmarks import impls
+
+    impls._peer_path()
     try:
         import tokamax
 
@@ -71,107 +80,108 @@ def _tokamax_ragged_dot():
         return None
 
 
-def read_bandwidth():
-    """Bytes/s of a 2 GiB reduction: the streaming ceiling the weight-bound cases compare to."""
-    x = jax.random.normal(jax.random.key(0), (1 << 30,), jnp.bfloat16)
-    t = time_op(lambda c, x: jnp.sum(x + c[0], dtype=jnp.float32), jnp.zeros((1,), jnp.float32), x)
-    return x.nbytes / t
-
-
-def cases(workloads, tokens):
+def cases(workloads, tokens, small=False):
+    """(workload name, projection, T) of every case."""
+    wl = _cases.SMALL_WORKLOADS if small else _cases.WORKLOADS
     for name in workloads:
-        w = WORKLOADS[name]
-        for proj, (k_dim, n_dim) in {
-            "gate_up": (w["h"], 2 * w["i"]),
-            "down": (w["i"], w["h"]),
-        }.items():
+        for proj in ("gate_up", "down"):
             for t in tokens:
-                yield name, proj, t, w["k"], w["e"], k_dim, n_dim
+                yield _cases.Case("gmm", wl[name], t, "gmm", proj)
 
 
-def run_case(name, proj, t, top_k, e, k_dim, n_dim, *, with_ragged_dot=True, seed=0):
-    key = jax.random.key(seed)
-    k1, k2, k3, k4 = jax.random.split(key, 4)
-    m = t * top_k
-    topk_idx = jax.random.randint(k1, (t, top_k), 0, e, jnp.int32)
-    sizes = dispatch.dispatch(topk_idx, e).group_sizes
+def run_case(case, backends, *, with_ragged_dot=True, tokamax=None, seed=0, target_s=0.05):
+    w = case.workload
+    m, k_dim, n_dim = case.gmm_shape()
+    k1, k2, k3, k4 = jax.random.split(jax.random.key(seed), 4)
+    topk_idx = jax.random.randint(k1, (case.tokens, w.top_k), 0, w.experts, jnp.int32)
+    sizes = dispatch.dispatch(topk_idx, w.experts).group_sizes
     lhs = jax.random.normal(k2, (m, k_dim), jnp.bfloat16)
-    rhs = (jax.random.normal(k3, (e, k_dim, n_dim), jnp.bfloat16) * k_dim**-0.5).astype(
+    rhs = (jax.random.normal(k3, (w.experts, k_dim, n_dim), jnp.float32) * k_dim**-0.5).astype(
         jnp.bfloat16
     )
     d_out = jax.random.normal(k4, (m, n_dim), jnp.bfloat16)
     hit = int((sizes > 0).sum())
     flops = 2 * m * k_dim * n_dim
     gmm_bytes = 2 * (hit * k_dim * n_dim + m * k_dim + m * n_dim)
-    tgmm_bytes = 2 * (m * k_dim + m * n_dim + e * k_dim * n_dim)
+    tgmm_bytes = 2 * (m * k_dim + m * n_dim + w.experts * k_dim * n_dim)
     row = {
-        "workload": name,
-        "proj": proj,
-        "T": t,
+        "workload": w.name,
+        "proj": case.projection,
+        "T": case.tokens,
         "M": m,
         "K": k_dim,
         "N": n_dim,
-        "E": e,
+        "E": w.experts,
         "experts_hit": hit,
     }
 
     def record(label, fn, carry, *args, nbytes):
         try:
-            s = time_op(fn, carry, *args)
+            s = time_op(fn, carry, *args, target_s=target_s)
             row[label] = {"ms": s * 1e3, "tbps": nbytes / s / 1e12, "tflops": flops / s / 1e12}
         except Exception as err:  # noqa: BLE001 - a failing column is recorded, not fatal
             row[label] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
 
-    record("gmm", lambda x, w, s: gmm(x, w, s), lhs, rhs, sizes, nbytes=gmm_bytes)
-    record("tgmm", lambda x, y, s: tgmm(x, y, s), lhs, d_out, sizes, nbytes=tgmm_bytes)
+    for b in backends:
+        gmm = lambda x, w_, s, b=b: moe_pallas.ragged_dot(x, w_, s, implementation=b)
+        tgmm = lambda x, y, s, b=b: moe_pallas.tgmm(x, y, s, implementation=b)
+        record(f"{b} gmm", gmm, lhs, rhs, sizes, nbytes=gmm_bytes)
+        record(f"{b} tgmm", tgmm, lhs, d_out, sizes, nbytes=tgmm_bytes)
     if with_ragged_dot and m <= RAGGED_DOT_MAX_ROWS:
-        record("lax_ragged_dot", jax.lax.ragged_dot, lhs, rhs, sizes, nbytes=gmm_bytes)
-    tokamax_rd = _tokamax_ragged_dot()
-    if tokamax_rd is not None:
-        record("tokamax", tokamax_rd, lhs, rhs, sizes, nbytes=gmm_bytes)
-    del lhs, rhs, d_out
+        record("jax.lax.ragged_dot", jax.lax.ragged_dot, lhs, rhs, sizes, nbytes=gmm_bytes)
+    if tokamax is not None:
+        record("tokamax", tokamax, lhs, rhs, sizes, nbytes=gmm_bytes)
     return row
 
 
 def _fmt(col):
-    if col is None:
-        return "-"
     if "error" in col:
-        return "ERR"
-    return f"{col['ms']:.3f}ms {col['tbps']:.2f}TB/s {col['tflops']:.0f}TF"
+        return "ERR " + col["error"][:60]
+    return f"{col['ms']:.3f} ms {col['tbps']:.2f} TB/s {col['tflops']:.0f} TFLOP/s"
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="gmm_bench.json")
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
-    parser.add_argument("--tokens", nargs="+", type=int, default=list(TOKENS))
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--impls", default=",".join(BACKENDS), help="moe_pallas backends")
+    parser.add_argument("--workloads", nargs="+", default=list(_cases.WORKLOADS))
+    parser.add_argument("--tokens", nargs="+", type=int)
     parser.add_argument("--no-ragged-dot", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
+    parser.add_argument("--out", type=Path, help="JSON file, rewritten after every case")
+    args = parser.parse_args(argv)
+    backends = [b for b in args.impls.split(",") if b]
+    tokamax = _tokamax_ragged_dot()
     meta = {
-        "date": datetime.date.today().isoformat(),
-        "device": str(jax.devices()[0].device_kind),
+        "device": jax.devices()[0].device_kind,
         "jax": jax.__version__,
-        "command": "PYTHONPATH=. python3 benchmarks/bench_gmm.py " + " ".join(sys.argv[1:]),
-        "git_commit": subprocess.run(
-            ["git", "rev-parse", "HEAD"], check=False, capture_output=True, text=True
-        ).stdout.strip(),
-        "tokamax": "importable" if _tokamax_ragged_dot() else "not importable",
+        "commit": provenance.git_commit(),
+        "command": "python -m benchmarks.bench_gmm "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "tokamax": "importable" if tokamax else "not importable",
     }
-    meta["read_tbps"] = read_bandwidth() / 1e12
+    tokens = args.tokens or (SMALL_TOKENS if args.small else TOKENS)
+    case_list = list(cases(args.workloads, tokens, args.small))
     rows = []
-    for case in cases(args.workloads, args.tokens):
-        rows.append(run_case(*case, with_ragged_dot=not args.no_ragged_dot))
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
-        r = rows[-1]
-        print(
-            f"{r['workload']:7} {r['proj']:8} T={r['T']:5} M={r['M']:6} hit={r['experts_hit']:3} | "
-            f"gmm {_fmt(r.get('gmm'))} | tgmm {_fmt(r.get('tgmm'))} | "
-            f"ragged_dot {_fmt(r.get('lax_ragged_dot'))}",
-            flush=True,
+    for case in tqdm(case_list, desc="gmm", unit="case", file=sys.stderr):
+        rows.append(
+            run_case(
+                case,
+                backends,
+                with_ragged_dot=not args.no_ragged_dot,
+                tokamax=tokamax,
+                target_s=1e-3 if args.small else 0.05,
+            )
         )
-    print(json.dumps(meta))
+        if args.out:
+            args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+        r = rows[-1]
+        tqdm.write(f"{r['workload']} {r['proj']} T={r['T']} M={r['M']} hit={r['experts_hit']}")
+        for label, col in r.items():
+            if isinstance(col, dict):
+                tqdm.write(f"    {label:26} {_fmt(col)}")
+    return {"meta": meta, "rows": rows}
 
 
 if __name__ == "__main__":

@@ -1,42 +1,45 @@
 """The weight gradients (tgmm) of the layer's backward against what their writes allow.
 
+    python -m benchmarks.bench_tgmm [--cases gptoss:gate_up:2048 ...] [--impls auto,mosaic_gpu]
+                                    [--configs 64,128,128,8,4,3 ...] [--small] [--out FILE.json]
+
 At T = 2048 an expert gets ~64 rows, so `d w[e] = lhs[rows of e]ᵀ @ d_out[rows of e]` is bound by
 writing the [E, K, N] bf16 gradient (4.25 GB for gpt-oss's d w_gate_up, 0.88 ms at 4.8 TB/s). Per
-case (workload, weight, T, uniform routing, bf16) this times, as the layer calls them:
-  tgmm      `kernels.tgmm` with the table's config and with each --configs entry
+case (workload, weight, T, uniform routing, bf16) this times:
+  triton    `kernels.tgmm.tgmm` as the layer calls it (gate_up: x gathered by row_token in the
+            kernel), with the tuning table's config and with each --configs entry
             ("block_m,block_n,block_k,group_m,num_warps,num_stages")
-  mosaic    `kernels.tgmm_mgpu` with each --mosaic-configs entry ("block_m,block_k,block_n,
-            num_stages[,ctas_per_sm[,producer]]"), on an XLA-gathered copy of x for gate_up (as
-            the layer runs it), the copy included
-  fill      an XLA fusion writing the same [E, K, N] bf16 array (at 1.7 TB/s on the H200: not
-            a ceiling; a store-only Triton kernel wrote 4.2-4.5 TB/s, results/..._session7/)
+  <impl>    `moe_pallas.tgmm(..., implementation=impl)` for each --impls backend, on an
+            XLA-gathered copy of x for gate_up (the copy included)
+  fill      an XLA fusion writing the same [E, K, N] bf16 array: a store-only reference
   cublas    `einsum("eck,ecn->ekn")` on inputs padded to the largest group (built outside the
-            timing): a batched cuBLAS GEMM writing the same output, the library's reference
-Each time: median over 5 runs of `reps` back-to-back calls returning the whole output (so nothing
-is optimised away), seconds per call; TB/s of the output's bytes.
-
-    PYTHONPATH=. python3 benchmarks/bench_tgmm.py [--cases gptoss:gate_up:2048 ...] [--configs ...]
-                                                  [--mosaic-configs 64,64,256,4 ...]
-                                                  [--small] [--out tgmm.json]
+            timing): a batched cuBLAS GEMM writing the same output
+Each time: median over 5 runs of `reps` back-to-back calls returning the whole output (nothing is
+optimised away), seconds per call; TB/s of the output's bytes. Every output is checked against
+the first Triton one (relative error).
 """
 
 import argparse
 import functools
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import moe_pallas
+from benchmarks import provenance
 from benchmarks.cases import SMALL_WORKLOADS, WORKLOADS
-from moe_pallas import dispatch
-from moe_pallas.kernels import config as _config
-from moe_pallas.kernels import tgmm_mgpu
+from moe_pallas import dispatch, tuning
+from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.tgmm import tgmm
 
 DEFAULT_CASES = ("gptoss:gate_up:2048", "gptoss:down:2048", "swiglu256:down:2048")
+DEFAULT_IMPLS = ("auto", "mosaic_gpu")
 
 
 def time_calls(fn, *args, reps=20, runs=5):
@@ -53,12 +56,17 @@ def time_calls(fn, *args, reps=20, runs=5):
     return statistics.median(times)
 
 
-def parse_config(text):
+def parse_config(text: str) -> BlockConfig:
     bm, bn, bk, gm, warps, stages = (int(v) for v in text.split(","))
-    return _config.BlockConfig(bm, bn, bk, group_m=gm, num_warps=warps, num_stages=stages)
+    return BlockConfig(bm, bn, bk, group_m=gm, num_warps=warps, num_stages=stages)
 
 
-def run_case(spec, configs, mosaic_configs=(), small=False):
+def _label(cfg: dict) -> str:
+    keys = ("block_m", "block_n", "block_k", "group_m", "num_warps", "num_stages")
+    return ",".join(str(cfg[k]) for k in keys)
+
+
+def run_case(spec, configs=(), impls=DEFAULT_IMPLS, small=False):
     name, weight, tokens = spec.split(":")
     w = (SMALL_WORKLOADS if small else WORKLOADS)[name]
     timed = functools.partial(time_calls, reps=1, runs=1) if small else time_calls
@@ -67,7 +75,7 @@ def run_case(spec, configs, mosaic_configs=(), small=False):
     idx = jax.random.randint(next(keys), (tokens, w.top_k), 0, w.experts, jnp.int32)
     d = dispatch.dispatch(idx, w.experts)
     m = tokens * w.top_k
-    if weight == "gate_up":  # x[row_token]ᵀ dh, x gathered in the kernel
+    if weight == "gate_up":  # x[row_token]ᵀ dh
         lhs = jax.random.normal(next(keys), (tokens, w.hidden), jnp.bfloat16)
         rhs = jax.random.normal(next(keys), (m, 2 * w.inter), jnp.bfloat16)
         row_index = d.row_token
@@ -85,54 +93,54 @@ def run_case(spec, configs, mosaic_configs=(), small=False):
         "n": n_dim,
         "out_GB": out_bytes / 1e9,
     }
-
-    def record(label, seconds):
-        result[label] = {"ms": seconds * 1e3, "TBps": out_bytes / seconds / 1e12}
-        print(
-            f"{spec:22} {label:34} {seconds * 1e3:8.3f} ms {out_bytes / seconds / 1e12:6.2f} TB/s",
-            flush=True,
-        )
-
-    table = _config.pick("tgmm", m, w.experts, k_dim, n_dim)
     reference = None
-    for label, cfg in [("tgmm table " + _label(table), None)] + [
-        ("tgmm " + c, parse_config(c)) for c in configs
+
+    def record(label, fn, *args):
+        nonlocal reference
+        try:
+            out = fn(*args)
+            if reference is None:
+                reference = out.astype(jnp.float32)
+            else:
+                diff = jnp.linalg.norm(out.astype(jnp.float32) - reference)
+                result.setdefault("rel_err", {})[label] = float(
+                    diff / jnp.maximum(jnp.linalg.norm(reference), 1e-30)
+                )
+            del out
+            seconds = timed(fn, *args)
+            result[label] = {"ms": seconds * 1e3, "TBps": out_bytes / seconds / 1e12}
+            shown = f"{seconds * 1e3:8.3f} ms {out_bytes / seconds / 1e12:6.2f} TB/s"
+        except Exception as err:  # noqa: BLE001 - e.g. shared memory exceeded: record, go on
+            result[label] = {"error": str(err)[:200]}
+            shown = f"failed: {str(err)[:100]}"
+        print(f"{spec:22} {label:40} {shown}", flush=True)
+
+    table = tuning.lookup(
+        "pallas_triton",
+        "tgmm",
+        dtype=lhs.dtype,
+        k=k_dim,
+        n=n_dim,
+        rows=tuning.rows_class(m, w.experts),
+    )
+    table_label = "table" if table is None else f"table {_label(table)}"
+    for label, cfg in [(f"triton {table_label}", None)] + [
+        (f"triton {c}", parse_config(c)) for c in configs
     ]:
         fn = jax.jit(lambda l, r, s, i, cfg=cfg: tgmm(l, r, s, lhs_row_index=i, config=cfg))
-        try:
-            out = fn(lhs, rhs, d.group_sizes, row_index)
-            if reference is None:
-                reference = out
-            elif not bool(jnp.array_equal(out, reference)):
-                result.setdefault("mismatch", []).append(label)
-            del out
-            record(label, timed(fn, lhs, rhs, d.group_sizes, row_index))
-        except Exception as err:  # noqa: BLE001 - e.g. shared memory exceeded: record, go on
-            result[label] = {"error": str(err)[:200]}
-            print(f"{spec:22} {label:34} failed: {str(err)[:100]}", flush=True)
-    for c in mosaic_configs:
-        label = "mosaic " + c
-        cfg = tgmm_mgpu.TgmmMosaicConfig(*(int(v) for v in c.split(",")))
+        record(label, fn, lhs, rhs, d.group_sizes, row_index)
+    for impl in impls:
 
-        def fn(l, r, s, i, cfg=cfg):
-            return tgmm_mgpu.tgmm(l if i is None else l[i], r, s, config=cfg)
+        def fn(l, r, s, i, impl=impl):
+            return moe_pallas.tgmm(l if i is None else l[i], r, s, implementation=impl)
 
-        fn = jax.jit(fn)
-        try:
-            out = fn(lhs, rhs, d.group_sizes, row_index).astype(jnp.float32)
-            want = reference.astype(jnp.float32)
-            result.setdefault("mosaic_rel_err", {})[c] = float(
-                jnp.linalg.norm(out - want) / jnp.linalg.norm(want)
-            )
-            del out, want
-            record(label, timed(fn, lhs, rhs, d.group_sizes, row_index))
-        except Exception as err:  # noqa: BLE001 - e.g. shared memory exceeded: record, go on
-            result[label] = {"error": str(err)[:200]}
-            print(f"{spec:22} {label:34} failed: {str(err)[:100]}", flush=True)
+        record(f"moe_pallas.tgmm {impl}", jax.jit(fn), lhs, rhs, d.group_sizes, row_index)
     del reference
 
     c = jnp.ones((), jnp.bfloat16)
-    record("fill", timed(jax.jit(lambda c: jnp.full((w.experts, k_dim, n_dim), c)), c))
+    fill = jax.jit(lambda c: jnp.full((w.experts, k_dim, n_dim), c))
+    seconds = timed(fill, c)
+    result["fill"] = {"ms": seconds * 1e3, "TBps": out_bytes / seconds / 1e12}
 
     sizes = np.asarray(d.group_sizes)
     cap = int(-(-sizes.max() // 16) * 16)
@@ -143,28 +151,38 @@ def run_case(spec, configs, mosaic_configs=(), small=False):
     rhs_pad = jnp.zeros((w.experts, cap, n_dim), rhs.dtype).at[expert, slot].set(rhs)
     result["cublas_capacity"] = cap
     einsum = jax.jit(lambda a, b: jnp.einsum("eck,ecn->ekn", a, b))
-    record(f"cublas (groups padded to {cap})", timed(einsum, lhs_pad, rhs_pad))
+    seconds = timed(einsum, lhs_pad, rhs_pad)
+    result["cublas"] = {"ms": seconds * 1e3, "TBps": out_bytes / seconds / 1e12}
+    for label in ("fill", f"cublas (groups padded to {cap})"):
+        col = result[label.split()[0]]
+        print(f"{spec:22} {label:40} {col['ms']:8.3f} ms {col['TBps']:6.2f} TB/s", flush=True)
     return result
 
 
-def _label(cfg):
-    return (
-        f"{cfg.block_m},{cfg.block_n},{cfg.block_k},{cfg.group_m},{cfg.num_warps},{cfg.num_stages}"
-    )
-
-
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--cases", nargs="+", default=list(DEFAULT_CASES))
-    parser.add_argument("--configs", nargs="*", default=[])
-    parser.add_argument("--mosaic-configs", nargs="*", default=[])
-    parser.add_argument("--out", default="tgmm.json")
+    parser.add_argument("--configs", nargs="*", default=[], help="explicit Triton configs")
+    parser.add_argument(
+        "--impls", default=",".join(DEFAULT_IMPLS), help="moe_pallas.tgmm backends (or '')"
+    )
+    parser.add_argument("--out", type=Path, help="JSON file to write")
     parser.add_argument("--small", action="store_true", help="tiny workloads (CPU smoke test)")
     args = parser.parse_args(argv)
-    results = [run_case(spec, args.configs, args.mosaic_configs, args.small) for spec in args.cases]
-    with open(args.out, "w") as f:
-        meta = {"device": jax.devices()[0].device_kind, "jax": jax.__version__}
-        json.dump({**meta, "results": results}, f, indent=1)
+    impls = [i for i in args.impls.split(",") if i]
+    results = [run_case(spec, args.configs, impls, args.small) for spec in args.cases]
+    meta = {
+        "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+        "commit": provenance.git_commit(),
+        "command": "python -m benchmarks.bench_tgmm "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+    }
+    if args.out:
+        args.out.write_text(json.dumps({**meta, "results": results}, indent=1))
+    return {**meta, "results": results}
 
 
 if __name__ == "__main__":

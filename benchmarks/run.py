@@ -28,9 +28,7 @@ import argparse
 import csv
 import datetime
 import json
-import platform
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +39,7 @@ from tqdm import tqdm
 
 from benchmarks import cases as _cases
 from benchmarks import impls as _impls
+from benchmarks import provenance
 from benchmarks import sol as _sol
 from moe_pallas.dispatch import dispatch
 
@@ -191,36 +190,6 @@ def run_case(case, impl_names, params, device, budget_s, pbar=None, skip=None) -
             pbar.set_postfix_str(f"{case.name} {name}: {row['status']}")
             pbar.update()
     return rows
-
-
-def _git_commit() -> str:
-    """HEAD (+ "-dirty"); BENCH_COMMIT overrides it where the tree was copied without .git."""
-    if os.environ.get("BENCH_COMMIT"):
-        return os.environ["BENCH_COMMIT"]
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
-        )
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
-
-
-def _versions() -> dict:
-    out = {"python": platform.python_version(), "jax": jax.__version__}
-    for mod in ("jaxlib", "torch", "tokamax"):
-        module = sys.modules.get(mod)
-        if module is not None:
-            out[mod] = getattr(module, "__version__", "?")
-    return out
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -470,7 +439,7 @@ def main(argv: list[str] | None = None) -> Path:
         "date": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "device": jax.devices()[0].device_kind,
         "platform": jax.default_backend(),
-        "commit": _git_commit(),
+        "commit": provenance.git_commit(),
         "commands": ["python -m benchmarks.run " + shlex.join(argv)],
         "ceilings": f"{device.name}: {device.peak_flops['bfloat16'] / 1e12:.0f} TFLOP/s bf16, "
         f"{device.bandwidth / 1e12:.2f} TB/s",
@@ -478,7 +447,7 @@ def main(argv: list[str] | None = None) -> Path:
         "bandwidth": device.bandwidth,
         "small": args.small,
         "budget_s": args.budget,
-        "versions": _versions(),
+        "versions": provenance.versions(),
     }
     out_dir = args.out
 
@@ -513,7 +482,7 @@ def main(argv: list[str] | None = None) -> Path:
                 params_of = case.workload
             rows += run_case(case, impl_names, params, device, args.budget, pbar, skip)
             write(out_dir, rows, meta, plots=False)  # partial results survive an interrupted run
-    meta["versions"] = _versions()
+    meta["versions"] = provenance.versions()
     wall = (datetime.datetime.now(datetime.UTC) - now).total_seconds()
     meta["wall_s"] = meta.get("wall_s", 0.0) + wall
     write(out_dir, rows, meta, plots=not args.no_plots)

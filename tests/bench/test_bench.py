@@ -417,29 +417,34 @@ def test_expert_parallel_benchmark_on_simulated_devices(tmp_path):
 
 
 def test_tgmm_benchmark_on_cpu(tmp_path):
-    """bench_tgmm.py --small: Triton configs, a Mosaic GPU config (interpret mode), the fill and
-    padded-cuBLAS references, one JSON row per case; the Mosaic output is checked against
-    Triton's."""
+    """bench_tgmm.py --small: the table's and an explicit Triton config, moe_pallas.tgmm on two
+    backends (interpret mode), the fill and padded-cuBLAS references, one JSON row per case;
+    every output agrees with the first Triton one."""
     from benchmarks import bench_tgmm
 
     out = tmp_path / "tgmm.json"
-    bench_tgmm.main(
-        [
-            "--small",
-            "--cases",
-            "gptoss:gate_up:64",
-            "gptoss:down:64",
-            "--configs",
-            "16,16,16,2,4,2",
-            "--mosaic-configs",
-            "64,64,32,2",
-            "--out",
-            str(out),
-        ]
-    )
-    results = json.loads(out.read_text())["results"]
+    argv = ["--small", "--cases", "gptoss:gate_up:64", "gptoss:down:64", "--out", str(out)]
+    bench_tgmm.main([*argv, "--configs", "16,16,16,2,4,2", "--impls", "pallas_triton,mosaic_gpu"])
+    data = json.loads(out.read_text())
+    assert data["commit"] and data["command"].startswith("python -m benchmarks.bench_tgmm --small")
+    results = data["results"]
     assert [r["case"] for r in results] == ["gptoss:gate_up:64", "gptoss:down:64"]
     for r in results:
-        assert r["tgmm 16,16,16,2,4,2"]["ms"] > 0 and r["fill"]["ms"] > 0
-        assert r["mosaic 64,64,32,2"]["ms"] > 0 and r["mosaic_rel_err"]["64,64,32,2"] < 1e-5
-        assert "mismatch" not in r
+        labels = [k for k in r if k.startswith(("triton", "moe_pallas"))]
+        assert labels[0].startswith("triton table ") and len(labels) == 4
+        assert all(r[k]["ms"] > 0 for k in labels) and r["fill"]["ms"] > 0 and r["cublas"]["ms"] > 0
+        assert max(r["rel_err"].values()) < 1e-5
+
+
+def test_gmm_benchmark_on_cpu(tmp_path):
+    """bench_gmm.py --small: gmm and tgmm through the public API per backend, and the lax peer."""
+    from benchmarks import bench_gmm
+
+    out = tmp_path / "gmm.json"
+    argv = ["--small", "--workloads", "swiglu256", "--tokens", "16", "--impls", "pallas_triton"]
+    bench_gmm.main([*argv, "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["proj"], r["M"]) for r in rows] == [("gate_up", 64), ("down", 64)]
+    for r in rows:
+        for label in ("pallas_triton gmm", "pallas_triton tgmm", "jax.lax.ragged_dot"):
+            assert r[label]["ms"] > 0, r[label]
