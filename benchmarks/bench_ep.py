@@ -1,24 +1,22 @@
 """Expert parallelism benchmark: 1 device (all E experts) vs N devices (E/N each), weak scaling.
 
-    PYTHONPATH=. python3 benchmarks/bench_ep.py --out DIR [--devices N] [--workload swiglu|gptoss]
+    python -m benchmarks.bench_ep --out DIR [--devices N] [--workload swiglu|gptoss]
         [--small] [--tokens 2048,8192] [--exchange auto|ragged|all_to_all] [--capacity-factor F]
         [--implementation auto]
 
 Workloads (bf16, random routing: top-k of normal logits, softmax weights): "swiglu" (H=4096,
 I=2048, E=256, k=8) and "gptoss" (H=I=2880, E=128, k=4, biases, clamped GLU). N: every device by
-default. For each T per device: the 1-device layer on T tokens, the N-device layer on N*T tokens
-(each device T tokens and E/N experts), and the exchange round trip alone (sort, dispatch, return
-and combine with identity experts). Weak-scaling efficiency = time(1 device, T) / time(N devices,
-T per device); the targets: >= 0.85 on 2 GPUs, >= 0.80 on 8. Forward, then forward+backward while
-the time budget lasts. First a correctness check: the N-device layer (forward and gradients)
-against the 1-device one on a small case. Timing: warm-up, then the median of blocking calls.
-Writes DIR/ep_<workload>_<N>dev_<date>.json after every step.
+default. For each T per device: the 1-device layer on T tokens and the N-device layer on N*T
+tokens (each device T tokens and E/N experts), forward, then forward+backward while the time
+budget lasts, with the dropped and spilled rows of `return_stats`. Weak-scaling efficiency =
+time(1 device, T) / time(N devices, T per device). First a correctness check: the N-device layer
+(forward and gradients) against the 1-device one on a small case. Timing: warm-up, then the median
+of blocking calls. Writes DIR/ep_<workload>_<N>dev.json after every step.
 `--small`: tiny shapes on N (default 2) simulated CPU devices (all_to_all exchange), to test this
 script.
 """
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -66,8 +64,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import moe_pallas
+from benchmarks import provenance
 from benchmarks.sol import median_seconds
-from moe_pallas import parallel
 
 START = time.perf_counter()
 
@@ -126,24 +124,6 @@ def layer_fns(activation, implementation, mesh=None, **ep):
     return fwd, train
 
 
-def exchange_round_trip(mesh, exchange, tokens_per_device, top_k, experts, capacity):
-    """The EP path with identity experts: sort, dispatch, return, combine."""
-    shards = mesh.shape["expert"]
-    axes = tuple(mesh.axis_names)
-    use_kernel = moe_pallas.experts.resolve_implementation(ARGS.implementation) != "xla"
-    round_trip = parallel.round_trip_fn(exchange, ARGS.capacity_factor, axes, use_kernel)
-
-    def body(x, idx, w):
-        plan = parallel._plan(idx, experts // shards, shards)
-        trip = round_trip(x, w, plan, lambda xr, _e, _w: xr, "expert", experts // shards, capacity)
-        return parallel.trip_output(trip, idx.shape, use_kernel).astype(x.dtype)
-
-    shard = jax.shard_map(
-        body, mesh=mesh, in_specs=(P(axes),) * 3, out_specs=P(axes), check_vma=False
-    )  # as in moe_pallas.parallel: a lax.cond round whose branches differ in varying axes
-    return jax.jit(shard)
-
-
 def rel(a, b) -> float:
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
@@ -162,13 +142,14 @@ def main():
     tokens = [int(t) for t in (ARGS.tokens or ("32,64" if ARGS.small else "2048,8192")).split(",")]
     one = devices[0]
     mesh = moe_pallas.expert_mesh(n, devices=devices[:n])
-    exchange = parallel.resolve_exchange(ARGS.exchange)
+    exchange = ARGS.exchange
     ep = {"exchange": exchange, "capacity_factor": ARGS.capacity_factor}
     ARGS.out.mkdir(parents=True, exist_ok=True)
-    path = ARGS.out / f"ep_{ARGS.workload}_{n}dev_{datetime.date.today():%Y%m%d}.json"
+    path = ARGS.out / f"ep_{ARGS.workload}_{n}dev.json"
     result = {
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": str(one.device_kind),
+        "commit": provenance.git_commit(),
+        "command": "python -m benchmarks.bench_ep " + " ".join(sys.argv[1:]),
         "devices": n,
         "jax": jax.__version__,
         "workload": ARGS.workload,
@@ -234,28 +215,18 @@ def main():
                 row["dropped_rows"] = int(stats["dropped_rows"])
                 row["spilled_rows"] = int(stats["spilled_rows"])
                 row["rows_per_shard"] = stats["rows_per_shard"].tolist()
-                capacity = parallel.capacity_rows(
-                    exchange, t * shape["top_k"], n, ARGS.capacity_factor
-                )
-                trip = exchange_round_trip(
-                    mesh, exchange, t, shape["top_k"], shape["experts"], capacity
-                )
-                row["ms_exchange"] = median_ms(trip, args2[:3])
+                row["capacity_rows"] = int(stats["capacity_rows"])
             del args2
             result["rows"].append(row)
             save()
             print(json.dumps(row), flush=True)
 
     head = f"{n} dev ms"
-    print(
-        f"\n{'mode':8} {'T/dev':>6} {'1 dev ms':>9} {head:>9} {'eff':>6} {'exch ms':>8} "
-        "dropped spilled"
-    )
+    print(f"\n{'mode':8} {'T/dev':>6} {'1 dev ms':>9} {head:>9} {'eff':>6} dropped spilled")
     for r in result["rows"]:
         print(
             f"{r['mode']:8} {r['tokens_per_device']:>6} {r['ms_1dev']:>9.3f} {r['ms_ep']:>9.3f} "
-            f"{r['efficiency']:>6.2f} {r.get('ms_exchange', float('nan')):>8.3f} "
-            f"{r.get('dropped_rows', ''):>7} {r.get('spilled_rows', '')}"
+            f"{r['efficiency']:>6.2f} {r.get('dropped_rows', ''):>7} {r.get('spilled_rows', '')}"
         )
     print(f"wrote {path} in {elapsed():.0f} s")
 

@@ -409,11 +409,12 @@ def test_expert_parallel_benchmark_on_simulated_devices(tmp_path):
         check=False,
     )
     assert run_.returncode == 0, run_.stderr[-3000:]
-    (result,) = tmp_path.glob("ep_swiglu_2dev_*.json")
+    result = tmp_path / "ep_swiglu_2dev.json"
     data = json.loads(result.read_text())
     assert data["correctness"]["fwd_rel_err"] < 1e-2 and data["correctness"]["grad_rel_err"] < 5e-2
     assert {r["mode"] for r in data["rows"]} == {"fwd", "fwd+bwd"}
     assert all(r["ms_ep"] > 0 and r.get("dropped_rows", 0) == 0 for r in data["rows"])
+    assert data["commit"] and data["command"].startswith("python -m benchmarks.bench_ep --small")
 
 
 def test_tgmm_benchmark_on_cpu(tmp_path):
