@@ -1,6 +1,6 @@
 """Benchmark workloads, suites and their inputs.
 
-Workloads (docs/mission): A = gpt-oss experts (H = I = 2880, E = 128, k = 4, interleaved gate/up,
+Workloads: A = gpt-oss experts (H = I = 2880, E = 128, k = 4, interleaved gate/up,
 biases, clamped GLU); B = SwiGLU experts (H = 4096, I = 2048, E = 256, k = 8, no biases).
 Routing of every case: random router logits (normal, fixed seed per case) → softmax top-k, so the
 load is uniform-ish; the SOL counts the experts this routing actually hits.

@@ -1,4 +1,4 @@
-"""The benchmark suite: SOL arithmetic against the mission's numbers, the suites, and the runner
+"""The benchmark suite: SOL arithmetic against the project's target figures, the suites, and the runner
 end to end on CPU with tiny shapes (no timings are asserted)."""
 
 import csv
@@ -30,7 +30,7 @@ def _layer_sol_ms(workload, tokens, hit=None, train=False):
 
 
 @pytest.mark.parametrize(("suite", "expected_ms"), [("gptoss", 1.456), ("swiglu256", 2.733)])
-def test_suite_sol_means_match_mission(suite, expected_ms):
+def test_suite_sol_means_match_the_targets(suite, expected_ms):
     tokens = cases.SUITE_TOKENS[suite]
     assert len(tokens) == 16
     mean = np.mean([_layer_sol_ms(suite, t) for t in tokens])
@@ -50,7 +50,7 @@ def test_suite_sol_means_match_mission(suite, expected_ms):
         ("swiglu256", 2048, None, True, 8.1),
     ],
 )
-def test_case_sol_matches_mission_table(workload, tokens, hit, train, expected_ms):
+def test_case_sol_matches_the_target_table(workload, tokens, hit, train, expected_ms):
     assert abs(_layer_sol_ms(workload, tokens, hit, train) / expected_ms - 1) < 0.02
 
 
@@ -68,7 +68,7 @@ def test_gmm_costs_add_up_to_the_layer():
     assert sol.tgmm_cost(m, w.hidden, w.inter, w.experts).flops == 2.0 * m * w.hidden * w.inter
 
 
-def test_suites_hold_the_mission_cases():
+def test_suites_hold_the_target_cases():
     assert [c.tokens for c in cases.suite_cases("gptoss")][-4:] == [2293, 3011, 4096, 16384]
     assert [c.tokens for c in cases.suite_cases("swiglu256")][:2] == [2048, 2080]
     assert {c.mode for c in cases.suite_cases("train")} == {"train"}
