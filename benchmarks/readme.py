@@ -73,7 +73,7 @@ def _cell(row: dict | None) -> str:
     return f"{row['time_ms']:.4g} ({row['pct_sol']:.0f}%)"
 
 
-def _suite_table(suite: str, rows: list[dict], summary: list[dict]) -> list[str]:
+def suite_table(suite: str, rows: list[dict], summary: list[dict]) -> list[str]:
     """One suite: a row per case (SOL, then each implementation's ms and % SOL), then the means."""
     suite_rows = [r for r in rows if r["suite"] == suite]
     ran = {r["impl"] for r in suite_rows if r["status"] == "ok"}
@@ -190,7 +190,7 @@ def performance_page(results: Path, performance: Path) -> str:
     lines += [f"![{run.PLOTS[name]}]({results_link}/{name})" for name in plots]
     lines += ["", "## Per case", "", "Milliseconds (% SOL); —: not timed, see below.", ""]
     for suite in dict.fromkeys(r["suite"] for r in rows):
-        lines += [f"### {suite}", "", *_suite_table(suite, rows, summary), ""]
+        lines += [f"### {suite}", "", *suite_table(suite, rows, summary), ""]
     problems = run.not_timed(rows)
     if problems:
         lines += ["## Not timed", "", *problems, ""]
