@@ -8,7 +8,7 @@ Each case runs in a fresh process (jax's peak counter never resets): it creates 
 peak larger than the step's), compiles the step, reads `memory_stats()` before and after one run
 and the compiled step's `memory_analysis()` (the temporaries and outputs XLA plans, Pallas
 outputs included). The budget is what the step must
-hold by construction (`moe_pallas.fused`):
+hold by construction (the fused expert block and its backward):
   fwd:   params, x, routing; temporaries a [M, I] and y [M, H] (M = T·k) in x's dtype; out.
   train: params and their grads, x, dx, dout (float32), routing and its grad; the residual
          h [M, 2I]; backward temporaries dh [M, 2I], a [M, I], dy [M, H], dx_rows [M, H].

@@ -449,3 +449,19 @@ def test_gmm_benchmark_on_cpu(tmp_path):
     for r in rows:
         for label in ("pallas_triton gmm", "pallas_triton tgmm", "jax.lax.ragged_dot"):
             assert r[label]["ms"] > 0, r[label]
+
+
+def test_memory_benchmark_on_cpu(tmp_path):
+    """bench_memory.py --small: each case in its own process, planned and measured bytes and the
+    budget recorded (--small judges nothing: fixed overheads dominate tiny shapes)."""
+    from benchmarks import bench_memory
+
+    out = tmp_path / "memory.json"
+    cases_ = "fwd:gptoss:16,train:swiglu256:16"
+    argv = ["--small", "--cases", cases_, "--implementation", "pallas_triton", "--out", str(out)]
+    assert bench_memory.main(argv) == 0
+    rows = json.loads(out.read_text())
+    assert [r["case"] for r in rows] == cases_.split(",")
+    for r in rows:
+        assert r["status"] == "smoke", r.get("message")
+        assert r["planned_bytes"] > 0 and r["budget"]["temporaries"] > 0
