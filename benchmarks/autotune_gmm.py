@@ -290,7 +290,12 @@ def main(argv=None):
     parser.add_argument(
         "--write", action="store_true", help="write the entries into --table (default: print them)"
     )
-    parser.add_argument("--table", type=Path, default=tuning.TABLE_PATH, help="%(default)s")
+    parser.add_argument(
+        "--table",
+        type=Path,
+        default=tuning.TABLE_PATH,
+        help="the table to write (default: the package's moe_pallas/tuning.json)",
+    )
     parser.add_argument(
         "--device",
         help="the table's device name to write under (default: this GPU's device_kind)",

@@ -12,7 +12,7 @@ torch._grouped_mm that ran (rel_err_vs). Skips and failures are rows too, with r
 
 DIR receives the canonical layout: results.json, results.csv, summary.md, the plots (pct_sol.png,
 roofline.png, latency.png) and a README.md naming the device, versions, commit and commands.
-`--append` adds a suite to DIR's run (one suite per call on a short device lease); the run must be
+`--append` adds a suite to DIR's run (one call per suite keeps each call short); the run must be
 of the same device and commit. `python -m benchmarks.readme` turns benchmarks/results/ into the
 README's table and docs/performance.md.
 """
