@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moe_pallas.experts import moe_experts, resolve_implementation
+from moe_pallas.backends import resolve as resolve_implementation
+from moe_pallas.experts import moe_experts
 from moe_pallas.reference import moe_experts_reference
 from moe_pallas.routing import route
 from moe_pallas.safetensors_io import read_safetensors

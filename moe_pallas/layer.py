@@ -29,7 +29,8 @@ from flax import nnx
 from flax.core import meta
 
 from moe_pallas.activations import ACTIVATIONS, Activation, glu, split_gate_up
-from moe_pallas.experts import IMPLEMENTATIONS, Implementation, moe_experts
+from moe_pallas.backends import IMPLEMENTATIONS, Implementation
+from moe_pallas.experts import moe_experts
 from moe_pallas.routing import ROUTER_METHODS, RouterMethod, route
 
 EXPERT_PARAM_NAMES = ("w_gate_up", "w_down", "b_gate_up", "b_down")

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from moe_pallas.activations import Activation
-from moe_pallas.experts import Implementation
+from moe_pallas.backends import Implementation
 from moe_pallas.layer import AUX_NAMES, MoEConfig, corrected_bias, moe_apply
 from moe_pallas.routing import RouterMethod
 

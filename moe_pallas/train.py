@@ -20,7 +20,7 @@ import optax
 from flax import nnx
 from tqdm import tqdm
 
-from moe_pallas.experts import IMPLEMENTATIONS
+from moe_pallas.backends import IMPLEMENTATIONS
 from moe_pallas.layer import MoE
 from moe_pallas.routing import ROUTER_METHODS
 

@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 
 from moe_pallas import dispatch, moe_experts, ragged_dot, tgmm
 from moe_pallas.activations import glu, split_gate_up
-from moe_pallas.kernels import BlockConfig, gmm, tgmm_padded
+from moe_pallas.backends import cublas_slab
+from moe_pallas.kernels import BlockConfig, gmm
 from moe_pallas.reference import moe_experts_reference
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -278,7 +279,7 @@ def test_tgmm_matches_float64(seed, shape, dtype, kind, tail):
 
 @functools.partial(jax.jit, static_argnames="capacity")
 def _tgmm_padded_jit(lhs, rhs, sizes, row_index, capacity):
-    return tgmm_padded.tgmm(
+    return cublas_slab.tgmm(
         lhs, rhs, sizes, lhs_row_index=row_index, rhs_sums=True, rows_per_group=capacity
     )
 
@@ -500,7 +501,8 @@ def test_tile_schedule_covers_each_row_once(seed, num_groups, rows, block_m, kin
     with _Example("test_tile_schedule_covers_each_row_once", **locals()):
         rng = np.random.default_rng(seed)
         sizes = _group_sizes(rng, kind, num_groups, max(rows - tail, 0))
-        s = jax.tree.map(np.asarray, dispatch.tile_schedule(jnp.asarray(sizes), rows, block_m))
+        ends = jnp.asarray(np.minimum(np.cumsum(sizes), rows), jnp.int32)
+        s = jax.tree.map(np.asarray, dispatch.tile_schedule(ends, rows, block_m))
         row_group = np.append(
             np.repeat(np.arange(num_groups), sizes), [num_groups] * (rows - sizes.sum())
         )

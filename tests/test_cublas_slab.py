@@ -1,14 +1,15 @@
-"""The batched-matmul weight gradient (`kernels.tgmm_padded`, what "auto" runs at more than 16 rows
-per group) against the float64 oracle, with groups above capacity (the Triton overflow path), and
-the fused layer's gradients through it."""
+"""The cublas_slab backend's weight gradient (a batched matmul over capacity slabs, what "auto" runs
+on the H200 at more than 16 rows per group) against the float64 oracle, with groups above
+capacity (the Triton overflow path), and the fused layer's gradients through it."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moe_pallas import fused, ops
-from moe_pallas.kernels import tgmm_padded
+from moe_pallas import backends, fused, ops
+from moe_pallas.backends import cublas_slab
+from tests.helpers import as_if_h200
 from tests.test_fused import GRAD_TOL, _loss_and_grads, _problem, _reference64
 from tests.test_fused import _rel_err as _rel_err_finite
 from tests.test_kernels_gmm import rel_err, tgmm64
@@ -33,7 +34,7 @@ def test_matches_oracle(dtype, cap, gather, rhs_sums):
     rhs = jnp.asarray(rhs_np, dtype)
     index = jnp.asarray(rng.integers(0, 30, m), jnp.int32) if gather else None
     lhs = jnp.asarray(rng.standard_normal((30 if gather else m, k)), dtype)
-    got = tgmm_padded.tgmm(
+    got = cublas_slab.tgmm(
         lhs, rhs, jnp.asarray(sizes), lhs_row_index=index, rhs_sums=rhs_sums, rows_per_group=cap
     )
     out, sums = got if rhs_sums else (got, None)
@@ -47,44 +48,71 @@ def test_matches_oracle(dtype, cap, gather, rhs_sums):
         assert sums.dtype == jnp.float32 and rel_err(sums, want) < TOL[dtype]
 
 
-def test_auto_takes_it_above_decode_sizes():
-    bf = jnp.zeros((2, 2), jnp.bfloat16)
-    assert (
-        tgmm_padded.applies(jnp.zeros((4096, 8), jnp.bfloat16), jnp.zeros((4096, 8)), 128) is False
+def _problem_of(lhs, rhs, num_groups):
+    return backends.Problem(
+        "tgmm",
+        (lhs.dtype, rhs.dtype),
+        lhs.dtype,
+        lhs.shape[1],
+        rhs.shape[1],
+        rhs.shape[0],
+        num_groups,
+        False,
+        False,
     )
-    assert tgmm_padded.applies(bf, jnp.zeros((4096, 8), jnp.bfloat16), 128)  # 32 rows per group
-    assert tgmm_padded.applies(bf, jnp.zeros((65536, 8), jnp.bfloat16), 128)  # 512 rows
-    assert not tgmm_padded.applies(bf, jnp.zeros((256, 8), jnp.bfloat16), 128)  # 2: decode
-    assert [tgmm_padded.capacity(m, 128) for m in (4096, 8192, 16384, 65536)] == [64, 96, 192, 608]
+
+
+def test_auto_takes_it_above_decode_sizes(monkeypatch):
+    """On an H200 the table sends 16-bit weight gradients at more than 16 rows per group here;
+    float32 operands, decode sizes and devices the table does not name stay on Triton."""
+    bf = jnp.zeros((2, 8), jnp.bfloat16)
+    select = lambda m, dtype=jnp.bfloat16: (
+        backends.select("auto", _problem_of(bf, jnp.zeros((m, 8), dtype), 128)).name
+    )
+    assert select(4096) == "pallas_triton"  # off GPU: not available
+    as_if_h200(monkeypatch)
+    assert select(4096) == "cublas_slab"  # 32 rows per group
+    assert select(65536) == "cublas_slab"  # 512
+    assert select(256) == "pallas_triton"  # 2: decode
+    assert select(4096, jnp.float32) == "pallas_triton"
+    monkeypatch.setattr("moe_pallas.tuning.device_name", lambda: "NVIDIA A100-SXM4-80GB")
+    assert select(4096) == "pallas_triton"  # measured choices apply on their device only
+    assert [cublas_slab.capacity(m, 128) for m in (4096, 8192, 16384, 65536)] == [64, 96, 192, 608]
 
 
 def test_auto_backend_routes_here(monkeypatch):
     calls = []
-    real = tgmm_padded.tgmm
-    monkeypatch.setattr(tgmm_padded, "tgmm", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    as_if_h200(monkeypatch, spy=lambda name, op: calls.append((name, op)))
     rng = np.random.default_rng(3)
     lhs = jnp.asarray(rng.standard_normal((64, 16)), jnp.bfloat16)
     rhs = jnp.asarray(rng.standard_normal((64, 32)), jnp.bfloat16)
     sizes = jnp.array([30, 34], jnp.int32)
-    out = ops.tgmm_on_backend("auto", lhs, rhs, sizes)
-    assert calls and rel_err(out, tgmm64(lhs, rhs, np.asarray(sizes))) < TOL[jnp.bfloat16]
-    ops.tgmm_on_backend("pallas_triton", lhs, rhs, sizes)
+    out = backends.tgmm("auto", lhs, rhs, sizes)
+    assert calls == [("cublas_slab", "tgmm")]
+    assert rel_err(out, tgmm64(lhs, rhs, np.asarray(sizes))) < TOL[jnp.bfloat16]
+    backends.tgmm("pallas_triton", lhs, rhs, sizes)
     assert len(calls) == 1, "explicit Pallas backends keep the Triton tgmm"
     ops._tgmm_vjp(lhs, rhs, sizes, jnp.bfloat16, "auto")  # moe_pallas.tgmm's "auto" on a GPU
-    assert len(calls) == 2
+    # ragged_dot's backward under "auto" consults the same policy as the fused layer
+    w = jnp.asarray(rng.standard_normal((2, 16, 32)), jnp.bfloat16)
+    dot = lambda w: ops._ragged_dot_vjp(lhs, w, sizes, jnp.bfloat16, "auto")
+    jax.grad(lambda w: jnp.sum(dot(w).astype(jnp.float32)))(w)
+    assert calls == [("cublas_slab", "tgmm")] * 3
 
 
 @pytest.mark.parametrize("activation, mode", [("gptoss", "hot"), ("swiglu", "masked")])
 def test_layer_grads_through_it(monkeypatch, activation, mode):
     """The fused layer under "auto" (Triton gmm in interpret mode here) with a capacity of 16
     rows, so the hot expert's rows go through the overflow path; bf16 against float64."""
-    monkeypatch.setattr(tgmm_padded, "capacity", lambda num_rows, num_groups: 16)
+    monkeypatch.setattr(cublas_slab, "capacity", lambda num_rows, num_groups: 16)
+    calls = []
+    as_if_h200(monkeypatch, spy=lambda name, op: calls.append(name))
     rng = np.random.default_rng(7)
     x, idx, w, params = _problem(rng, activation, 24, 64, 32, 4, 3, jnp.bfloat16, mode)
-    assert tgmm_padded.applies(x, jnp.zeros((72, 1), jnp.bfloat16), 4)  # 18 rows per group
     cotangent = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
-    layer = lambda x, w, p: fused.fused_experts(x, idx, w, p, activation, backend="auto")
+    layer = lambda x, w, p: fused.expert_block(x, idx, w, p, activation, "auto")
     _, grads = jax.jit(lambda *a: _loss_and_grads(layer, *a, cotangent))(x, w, params)
+    assert calls == ["cublas_slab"] * 2  # 18 rows per group: both weight gradients
     _, ref_grads = _reference64(activation, x, idx, w, params, cotangent, h_dtype=jnp.bfloat16)
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
         assert _rel_err_finite(got, want) < GRAD_TOL[jnp.bfloat16]

@@ -1,4 +1,4 @@
-"""Transposed grouped matmul out[g] = lhs[rows of g]ᵀ @ rhs[rows of g] as one batched matmul.
+"""The cublas_slab backend: tgmm out[g] = lhs[rows of g]ᵀ @ rhs[rows of g] as one batched matmul.
 
 Math. The contract of `kernels.tgmm.tgmm` (row gather, rhs_sums, empty groups exact zeros, rows
 past sum(group_sizes) left out), computed differently: each group's first C rows (C =
@@ -11,21 +11,12 @@ routing, one hot expert) has its rows past C added by the Triton tgmm's overflow
 dropped.
 
 Why. With a few dozen rows per group the weight gradient is bound by writing `[G, K, N]`, and
-cuBLAS's batched kernel writes faster than our Triton tgmm, whose loads and stores barely overlap
-(module docstring there). On the H200 (2026-12-01, benchmarks/results/2026-12-01_h200_session11/):
-gpt-oss d w_gate_up at T = 2048 1.41 ms for the batched matmul alone against 1.70 for the Triton
-tgmm; the whole train step in three alternating rounds 6.22-6.78 ms against 6.73-6.84 (gpt-oss
-T = 2048), 8.55-9.15 against 9.39-10.52 (T = 4096), 12.28-13.00 against 12.74-13.06 (SwiGLU
-T = 2048). With hundreds of rows per group the problem is compute bound and the slabs pad the
-FLOPs (C = 608 at 512 rows per group: +19%), yet cuBLAS still beats our tgmm (400-436 TFLOP/s
-there, session 2): train step 23.05 / 23.37 ms against 26.71 / 28.78 (gpt-oss T = 16384),
-24.32 / 24.35 against 26.87 / 29.10 (SwiGLU T = 8192), two alternating rounds. So `implementation="auto"` takes this
-path for 16-bit operands at more than 16 rows per group (`applies`); at decode sizes (not
-measured) and on explicit Pallas backends the Triton kernel stays.
-The padded rows are not free: at T = 2048 cuBLAS took 13-17% longer over C = 96 slabs than over
-the groups' first 64 rows, within 10% of its time over 128 (benchmarks/results/
-2026-12-02_h200_session18/); only a grouped matmul contracting each group over its own rows
-would save that, as no smaller capacity keeps the overflow pass to a few groups.
+cuBLAS's batched kernel writes faster than the Triton tgmm, whose loads and stores barely
+overlap; with hundreds of rows per group cuBLAS still multiplies faster, in spite of the slabs'
+padded rows (C = 608 at 512 rows per group: +19% FLOPs). So on the H200 the tuning table sends
+16-bit weight gradients at more than 16 rows per group here under "auto" (docs/decisions.md has
+the figures). The padded rows are not free: only a grouped matmul contracting each group over
+its own rows would save them, as no smaller capacity keeps the overflow pass to a few groups.
 """
 
 import math
@@ -33,10 +24,10 @@ import math
 import jax
 import jax.numpy as jnp
 
-from moe_pallas.kernels import config as _config
+from moe_pallas import backends
+from moe_pallas.backends import pallas_triton
+from moe_pallas.kernels import _common
 from moe_pallas.kernels import slab as _slab
-from moe_pallas.kernels.gmm import clamp_group_ends
-from moe_pallas.kernels.tgmm import tgmm as _triton_tgmm
 
 
 def capacity(num_rows: int, num_groups: int) -> int:
@@ -47,11 +38,9 @@ def capacity(num_rows: int, num_groups: int) -> int:
     return max(32, math.ceil((mean + 4 * math.sqrt(mean)) / 32) * 32)
 
 
-def applies(lhs: jax.Array, rhs: jax.Array, num_groups: int) -> bool:
-    """Whether "auto" computes this weight gradient here: 16-bit operands (what was measured) at
-    more than 16 rows per group (`config.rows_class` "small" and "large", not decode's "tiny")."""
-    measured = _config.rows_class(rhs.shape[0], num_groups) != "tiny"
-    return measured and all(jnp.dtype(a.dtype).itemsize == 2 for a in (lhs, rhs))
+def supports(problem: backends.Problem) -> bool:
+    """16-bit operands (what the tuning table's entries were measured on)."""
+    return all(jnp.dtype(d).itemsize == 2 for d in problem.dtypes)
 
 
 def tgmm(
@@ -71,7 +60,7 @@ def tgmm(
     num_rows, num_groups = rhs.shape[0], group_sizes.shape[0]
     out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
     cap = rows_per_group or capacity(num_rows, num_groups)
-    ends = clamp_group_ends(group_sizes, num_rows)
+    ends = _common.clamp_group_ends(group_sizes, num_rows)
     offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends])
     lhs_slab = _slab.slab(lhs, offsets, cap, row_index=lhs_row_index)
     rhs_slab = _slab.slab(rhs, offsets, cap, sums=rhs_sums)
@@ -79,7 +68,7 @@ def tgmm(
     out = jax.lax.dot_general(
         lhs_slab, rhs_slab, (((1,), (1,)), ((0,), (0,))), preferred_element_type=out_dtype
     )
-    out = _triton_tgmm(
+    out = pallas_triton.tgmm(
         lhs,
         rhs,
         group_sizes,
@@ -89,3 +78,12 @@ def tgmm(
         accumulate=(out, None),
     )
     return (out, sums) if rhs_sums else out
+
+
+def _on_gpu() -> bool:
+    return _common.target_device().platform == "gpu"
+
+
+BACKEND = backends.Backend(
+    name="cublas_slab", gmm=None, tgmm=tgmm, supports=supports, available=_on_gpu
+)
