@@ -11,7 +11,7 @@ never-written element fails).
 
 Profiles: "ci" (default, 60 examples per test, ~3 min on 2 CPU cores) and "long" (10,000 per
 test), chosen by `--long` or HYPOTHESIS_PROFILE=long (loaded when this module is imported, so it
-applies to every hypothesis test of the session). `--fuzz-minutes M` shares M minutes among
+applies to every hypothesis test of the pytest session). `--fuzz-minutes M` shares M minutes among
 the fuzz tests: a test past its share ends as skipped (the examples it checked passed; the
 report counts them). FUZZ_REPORT=path.json writes per test: examples checked, seconds, first failure.
 """
@@ -434,9 +434,9 @@ def _reference_grads(x, idx, w, params, d_out, activation, h_dtype=None):
     activation=st.sampled_from(["swiglu", "gptoss"]),
     kind=st.sampled_from(ROUTING_KINDS),
 )
-# Found by the H200 long run (2026-12-01): TF32 operand rounding across the gpt-oss clamp.
+# Found by a long run on the H200: TF32 operand rounding across the gpt-oss clamp.
 @(example(1, (40, 576, 320, 64, 4), jnp.float32, "gptoss", "zipf") if ON_GPU else lambda f: f)
-# Found by CI (2026-12-02): a bf16 h of exactly 7, where jnp.minimum's gradient was a tie's half.
+# Found by CI: a bf16 h of exactly 7, where jnp.minimum's gradient was a tie's half.
 @example(70204671, (1, 24, 16, 4, 2), jnp.bfloat16, "gptoss", "hot")
 def test_moe_experts_matches_float64(seed, shape, dtype, activation, kind):
     """The fused block (pallas_triton): out and the gradients of x, topk_weight and every param."""
