@@ -287,7 +287,9 @@ class MoE(nnx.Module):
         rngs: nnx.Rngs,
         **options: Any,
     ):
-        config = MoEConfig(hidden_size, intermediate_size, num_experts, top_k, **options_of(options))
+        config = MoEConfig(
+            hidden_size, intermediate_size, num_experts, top_k, **options_of(options)
+        )
         self.config = config
         eager = config.eager_sharding()
         for name, (shape, init, names) in config.param_specs().items():

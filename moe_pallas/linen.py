@@ -44,9 +44,7 @@ def _call(self, x: jax.Array, *, return_aux: bool = False):
 def _update_correction_bias(self, expert_counts: jax.Array, rate: float = 1e-3) -> None:
     """DeepSeek-V3 balancing rule on "moe_buffers"; a no-op for other routers."""
     if self.config.router == "sigmoid_group_topk":
-        self.correction_bias.value = corrected_bias(
-            self.correction_bias.value, expert_counts, rate
-        )
+        self.correction_bias.value = corrected_bias(self.correction_bias.value, expert_counts, rate)
 
 
 def _linen_module() -> type:

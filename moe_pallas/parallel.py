@@ -124,8 +124,7 @@ def _sum_slots(rows, slot_of_pair, use_kernel):
 # The two linear maps between tokens and send slots, each the other's transpose. As custom VJPs
 # the backward of each is the other map: a row gather and a gather-sum, where XLA's own
 # transposes are scatter-adds. XLA also fused the forward's gathers, masks and k-sum into one
-# reduction that took 1.7 ms of the 6.0 ms SwiGLU forward on 2 H200s at T = 2048 per GPU (profile,
-# benchmarks/results/2026-11-30_h200_session4/).
+# slow reduction (over a quarter of the SwiGLU forward on 2 H200s, docs/decisions.md).
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _to_slots(x, token_of_slot, slot_of_pair, use_kernel):
     """x_send[s] = x[token_of_slot[s]] (zero rows for empty slots); slot_of_pair [T, k]."""

@@ -58,3 +58,13 @@ def as_if_h200(monkeypatch, spy=None):
                 )
         replaced = dataclasses.replace(backend, available=lambda: True, **ops)
         monkeypatch.setitem(backends.REGISTRY, name, replaced)
+
+
+def merge_gate_up(gate, up, activation):
+    """Inverse of `activations.split_gate_up`: (gate, up) as `[..., 2I]` in the layout of
+    `activation`."""
+    import jax.numpy as jnp
+
+    if activation == "gptoss":
+        return jnp.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], 2 * gate.shape[-1])
+    return jnp.concatenate([gate, up], axis=-1)

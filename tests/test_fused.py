@@ -227,8 +227,8 @@ def test_full_shapes_gpu(activation, dtype, t, h, i, e, k):
 )
 def test_mosaic_gpu_full_shapes_gpu(activation, t, h, i, e, k):
     """implementation="mosaic_gpu" at full workload shapes, decode (its own tile config) and
-    prefill: interpret mode cannot show a misaligned TMA box (2026-12-01: 16- and 32-column decode
-    tiles crashed the H200 at T = 1)."""
+    prefill: interpret mode cannot show a misaligned TMA box (16- and 32-column decode tiles
+    crashed the H200 at T = 1)."""
     rng = np.random.default_rng(1)
     x, idx, w, params = _problem(rng, activation, t, h, i, e, k, jnp.bfloat16, "hot")
     layer = lambda x, w, p: moe_experts(

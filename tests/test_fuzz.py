@@ -279,9 +279,12 @@ def test_tgmm_matches_float64(seed, shape, dtype, kind, tail):
 
 @functools.partial(jax.jit, static_argnames="capacity")
 def _tgmm_padded_jit(lhs, rhs, sizes, row_index, capacity):
-    return cublas_slab.tgmm(
-        lhs, rhs, sizes, lhs_row_index=row_index, rhs_sums=True, rows_per_group=capacity
-    )
+    real = cublas_slab.capacity
+    cublas_slab.capacity = lambda num_rows, num_groups: capacity  # traced once per capacity
+    try:
+        return cublas_slab.tgmm(lhs, rhs, sizes, lhs_row_index=row_index, rhs_sums=True)
+    finally:
+        cublas_slab.capacity = real
 
 
 @given(

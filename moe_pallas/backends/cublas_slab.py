@@ -51,15 +51,14 @@ def tgmm(
     lhs_row_index: jax.Array | None = None,
     out_dtype=None,
     rhs_sums: bool = False,
-    rows_per_group: int | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """`[G, K, N]` products (and with rhs_sums the `[G, N]` float32 sums of rhs), the arguments
-    of `kernels.tgmm.tgmm`; rows_per_group overrides `capacity` (tests force the overflow path)."""
+    of `kernels.tgmm.tgmm`."""
     if lhs.ndim != 2 or rhs.ndim != 2:
         raise ValueError(f"tgmm needs lhs [M, K] and rhs [M, N]; got {lhs.shape}, {rhs.shape}.")
     num_rows, num_groups = rhs.shape[0], group_sizes.shape[0]
     out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
-    cap = rows_per_group or capacity(num_rows, num_groups)
+    cap = capacity(num_rows, num_groups)
     ends = _common.clamp_group_ends(group_sizes, num_rows)
     offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends])
     lhs_slab = _slab.slab(lhs, offsets, cap, row_index=lhs_row_index)

@@ -203,7 +203,6 @@ def gmm(
     group_sizes: jax.Array,
     *,
     lhs_row_index: jax.Array | None = None,
-    num_rows: int | None = None,
     transpose_rhs: bool = False,
     bias: jax.Array | None = None,
     activation: str | None = None,
@@ -214,8 +213,7 @@ def gmm(
     """Grouped matmul with in-kernel row gather and a fused epilogue (see the module docstring).
 
     lhs `[M_src, K]`; lhs_row_index `[M]` int32 (row m reads lhs[lhs_row_index[m]]), else M = M_src;
-    num_rows: static number of product rows M (default: all of them); rhs `[G, K, N]`
-    (`[G, N, K]` if transpose_rhs); group_sizes `[G]` int32; bias `[G, N]` in rhs's column layout;
+    rhs `[G, K, N]` (`[G, N, K]` if transpose_rhs); group_sizes `[G]` int32; bias `[G, N]` in rhs's column layout;
     activation None | "swiglu" | "gptoss" (then N = 2·N_out); row_scale `[M]`; config: the
     block sizes (default `BlockConfig()`; the backends pass the tuning table's, see
     `moe_pallas.tuning`), fitted to the problem. Returns `[M, N_out]` in out_dtype (default
@@ -231,10 +229,7 @@ def gmm(
     if bias is not None and bias.shape != (num_groups, n_dim):
         raise ValueError(f"bias must be [{num_groups}, {n_dim}], got {bias.shape}.")
     gather = lhs_row_index is not None
-    m_avail = lhs_row_index.shape[0] if gather else lhs.shape[0]
-    num_rows = m_avail if num_rows is None else num_rows
-    if num_rows > m_avail:
-        raise ValueError(f"num_rows={num_rows} exceeds the {m_avail} rows available.")
+    num_rows = lhs_row_index.shape[0] if gather else lhs.shape[0]
     if row_scale is not None and row_scale.shape[0] < num_rows:
         raise ValueError(f"row_scale must have {num_rows} entries, got {row_scale.shape}.")
     _common.check_int32_sizes(

@@ -159,7 +159,6 @@ def tgmm(
     group_sizes: jax.Array,
     *,
     lhs_row_index: jax.Array | None = None,
-    num_groups: int | None = None,
     out_dtype=None,
     config: BlockConfig | None = None,
     rhs_sums: bool = False,
@@ -170,7 +169,7 @@ def tgmm(
     with rhs_sums also the `[G, N]` float32 per-group sums of rhs's rows (returns a pair).
 
     lhs `[M_src, K]` (row m read as lhs[lhs_row_index[m]] when lhs_row_index `[M]` is given, else
-    M_src = M); rhs `[M, N]`; group_sizes `[≥G]` int32 (the first num_groups are used, default all).
+    M_src = M); rhs `[M, N]`; group_sizes `[G]` int32.
     Overflow mode (module docstring): row_skip leaves each group's first rows out; accumulate =
     (out `[G, K, N]` in out_dtype, sums `[G, N]` float32 or None without rhs_sums) are the arrays
     the results are added to (donate them: they are aliased to the outputs).
@@ -184,7 +183,7 @@ def tgmm(
             f"tgmm contracts over rows: lhs{' row index' if gather else ''} and rhs "
             f"({rhs.shape[0]} rows) must have the same number of rows."
         )
-    num_groups = group_sizes.shape[0] if num_groups is None else num_groups
+    num_groups = group_sizes.shape[0]
     k_dim, n_dim = lhs.shape[1], rhs.shape[1]
     out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
     _common.check_int32_sizes("tgmm", lhs=lhs.shape, rhs=rhs.shape, out=(num_groups, k_dim, n_dim))
@@ -205,7 +204,7 @@ def tgmm(
     if rhs_sums:
         extra = jnp.zeros((lhs.shape[0], 8), lhs.dtype).at[:, 0].set(1)
         lhs = jnp.concatenate([lhs, extra], axis=1)
-    group_ends = _common.clamp_group_ends(group_sizes[:num_groups], num_rows)
+    group_ends = _common.clamp_group_ends(group_sizes, num_rows)
     group_offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), group_ends])
     operands = [group_offsets]
     if gather:
