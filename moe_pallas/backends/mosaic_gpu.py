@@ -1,11 +1,10 @@
 """The mosaic_gpu backend: the grouped matmuls on Hopper's Mosaic GPU kernels (wgmma, TMA).
 
-What it takes: gmm and tgmm whose operands share one 16-bit float dtype (wgmma's inputs); the
-policy gives other calls, and the block's combine and GLU backward, to pallas_triton. A row
+What it takes: gmm and tgmm whose operands share one 16-bit float dtype (wgmma's inputs) and
+whose shapes it tiles (below); the policy gives other calls, and the block's combine and GLU backward, to pallas_triton. A row
 gather reads an XLA-gathered copy of lhs (Hopper's TMA cannot gather rows). tgmm's rhs_sums come
 from a Triton tgmm whose lhs is one dummy column, so its own [G, 1, N] product is negligible.
-Shapes: N and K multiples of 16 (gmm), K of 64 (tgmm); other shapes raise, naming the Triton
-backend.
+Shapes: N and K multiples of 16 (gmm), K of 64 (tgmm); calls of other shapes run on Triton too.
 
 Config of a gmm: the tuning table's "mosaic_gpu" entry for the shape if there is one (the shapes
 where "auto" runs this backend), else `default_config`. "auto" gives it only plain gmm calls (no
@@ -37,7 +36,12 @@ def available() -> bool:
 
 
 def supports(problem: backends.Problem) -> bool:
-    return problem.dtype is not None and problem.dtype in _gmm_mgpu.DTYPES
+    """One 16-bit dtype (wgmma's inputs) and the shapes its TMA boxes tile: K and N multiples of
+    16 for gmm, K of 64 (one warpgroup's wgmma M) and N of 16 for tgmm."""
+    if problem.dtype is None or problem.dtype not in _gmm_mgpu.DTYPES:
+        return False
+    k_unit = 64 if problem.kernel == "tgmm" else 16
+    return problem.k % k_unit == 0 and problem.n % 16 == 0
 
 
 def auto_supports(problem: backends.Problem) -> bool:
