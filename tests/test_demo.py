@@ -1,5 +1,6 @@
 """The CLI demo runs, prints its table, and fails loudly on a mismatch."""
 
+import pathlib
 import subprocess
 import sys
 
@@ -8,6 +9,8 @@ import pytest
 
 from moe_pallas import demo
 from moe_pallas.__main__ import main
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 def test_demo_small_passes(monkeypatch, capsys):
@@ -71,11 +74,21 @@ def test_demo_times_bursts_of_calls():
     assert len(calls) >= 2 + 3 * 10
 
 
-def test_cli_usage():
+def test_cli_usage(capsys):
+    """`python -m moe_pallas` without a command, or with an unknown one, says so on stderr, names
+    the commands and exits 2; --help prints the usage and exits 0."""
     result = subprocess.run(
-        [sys.executable, "-m", "moe_pallas"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "moe_pallas", "frobnicate"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
     )
-    assert result.returncode == 2 and "demo" in result.stdout
+    assert result.returncode == 2, result
+    assert "unknown command 'frobnicate'" in result.stderr
+    assert "choose one of: demo, train" in result.stderr
+    assert main([]) == 2 and "a command is required" in capsys.readouterr().err
+    assert main(["--help"]) == 0 and "demo" in capsys.readouterr().out
 
 
 def test_demo_on_checkpoint_files(tmp_path, capsys):
