@@ -42,7 +42,7 @@ def test_demo_exits_nonzero_on_mismatch(monkeypatch, capsys):
 
 def test_demo_implementation_choices(capsys):
     """--implementation takes the package's names only (exit 2 naming them)."""
-    from moe_pallas.experts import IMPLEMENTATIONS
+    from moe_pallas.backends import IMPLEMENTATIONS
 
     with pytest.raises(SystemExit) as exit_info:
         main(["demo", "--implementation", "triton"])
@@ -51,13 +51,12 @@ def test_demo_implementation_choices(capsys):
     assert all(name in err for name in IMPLEMENTATIONS)
 
 
-def test_demo_mosaic_gpu_skips_shapes_it_cannot_take():
-    """Mosaic GPU needs N, K multiples of 16: the small gpt-oss case (H = 90) is reported as
-    skipped, with the reason, not a traceback or a mismatch."""
+def test_demo_mosaic_gpu_runs_what_it_cannot_tile_on_triton():
+    """Mosaic GPU tiles N, K multiples of 16: under it the small gpt-oss case (H = 90) runs its
+    matmuls on Triton and still meets the reference."""
     case = demo.make_case(demo.WORKLOADS["gptoss"], "small", jnp.bfloat16)
     (row,) = demo.run([case], "mosaic_gpu", repeats=1)
-    assert row["skipped"] and "multiple of 16" in row["skipped"] and not row["ok"]
-    assert "skipped gpt-oss on mosaic_gpu" in demo.format_table([row])
+    assert row["ok"] and not row["skipped"]
 
 
 def test_demo_times_bursts_of_calls():
