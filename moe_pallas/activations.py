@@ -26,13 +26,6 @@ def split_gate_up(h: jax.Array, activation: Activation) -> tuple[jax.Array, jax.
     return h[..., :half], h[..., half:]
 
 
-def merge_gate_up(gate: jax.Array, up: jax.Array, activation: Activation) -> jax.Array:
-    """Inverse of `split_gate_up`: lay (gate, up) out as `[..., 2I]` in the layout of `activation`."""
-    if activation == "gptoss":
-        return jnp.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], 2 * gate.shape[-1])
-    return jnp.concatenate([gate, up], axis=-1)
-
-
 def _clamp(x: jax.Array, low: float | None, high: float) -> jax.Array:
     """min(max(x, low), high) whose gradient is 1 on the closed interval [low, high], as
     torch.clamp's (gpt-oss's reference is PyTorch) and `glu_bwd`'s: jnp.minimum and jnp.clip

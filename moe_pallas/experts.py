@@ -3,10 +3,10 @@
     out[t] = sum_j topk_weight[t, j] * (act(x[t] @ w_gate_up[e] + b_gate_up[e]) @ w_down[e] + b_down[e])
     with e = topk_idx[t, j]
 
-Backends: "xla" (jax.lax.ragged_dot), "pallas_triton" (the fused kernels of `moe_pallas.fused`,
-with one custom_vjp over the block) and "mosaic_gpu" (the same block with its matmuls on Hopper's
-Mosaic GPU kernels); "auto" is xla off GPU and the fused block on a GPU, with Mosaic GPU where its
-measured table says so on Hopper (`resolve_implementation`).
+Backends (`moe_pallas.backends`): "xla" (jax.lax.ragged_dot, differentiated by JAX),
+"pallas_triton" (the fused kernels of `moe_pallas.fused`, one custom_vjp over the block) and
+"mosaic_gpu" (the same block with its matmuls on Hopper's Mosaic GPU kernels); "auto" is xla off
+GPU and the fused block on a GPU, each matmul on the backend the tuning table names for its shape.
 Numerics on every backend: matmuls accumulate in float32; the activation is stored in x's dtype
 (as the fused kernels do); bias and routing weight are applied in float32; each token sums its k
 rows in float32 (the fused path rounds each weighted row to x's dtype first); out has x's dtype.
@@ -14,16 +14,15 @@ Expert ids outside [0, E) contribute zero (use `moe_pallas.debug_checks()` to ma
 """
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from moe_pallas import _backend, debug, fused
-from moe_pallas.activations import ACTIVATIONS, Activation, glu, split_gate_up
+from moe_pallas import backends, debug, fused, parallel
+from moe_pallas.activations import ACTIVATIONS, Activation
+from moe_pallas.backends import Implementation
 
-Implementation = Literal["auto", "xla", "pallas_triton", "mosaic_gpu"]
-IMPLEMENTATIONS: tuple[str, ...] = ("auto", "xla", "pallas_triton", "mosaic_gpu")
 _PARAM_NAMES = ("w_gate_up", "w_down", "b_gate_up", "b_down")
 
 
@@ -104,55 +103,6 @@ def validate(x, topk_idx, topk_weight, params, activation) -> dict[str, jax.Arra
     return params
 
 
-def resolve_implementation(implementation: str) -> str:
-    """Map "auto" to the best backend of this platform: xla off GPU; on a GPU pallas_triton, or
-    on Hopper "auto" itself (each grouped matmul on Triton or, where `kernels.gmm_mgpu.AUTO_TABLE`
-    names its shape, on Mosaic GPU).
-
-    An explicit "pallas_triton" off GPU runs the kernels in interpret mode (slow; tests, notebooks).
-    """
-    if implementation not in IMPLEMENTATIONS:
-        raise ValueError(f"implementation={implementation!r}; use one of {IMPLEMENTATIONS}.")
-    return _backend.resolve(implementation)
-
-
-def sort_by_expert(topk_idx: jax.Array, num_experts: int):
-    """Stable sort of the T*k (token, slot) pairs by expert; out-of-range ids go last, in no group.
-
-    Returns (order [M], group_sizes [E]): sorted row r holds flat pair order[r] = t*k + j.
-    """
-    flat = topk_idx.reshape(-1).astype(jnp.int32)
-    valid = (flat >= 0) & (flat < num_experts)
-    order = jnp.argsort(jnp.where(valid, flat, num_experts), stable=True).astype(jnp.int32)
-    group_sizes = (
-        jnp.zeros((num_experts,), jnp.int32).at[flat].add(valid.astype(jnp.int32), mode="drop")
-    )
-    return order, group_sizes
-
-
-def _experts_xla(x, topk_idx, topk_weight, params, activation):
-    num_tokens, top_k = topk_idx.shape
-    num_experts = params["w_gate_up"].shape[0]
-    order, group_sizes = sort_by_expert(topk_idx, num_experts)
-    x_sorted = x[order // top_k]
-    acc = jnp.promote_types(x.dtype, jnp.float32)  # float64 inputs keep float64 (gradient checks)
-    h = jax.lax.ragged_dot(x_sorted, params["w_gate_up"], group_sizes, preferred_element_type=acc)
-    row_expert = topk_idx.reshape(-1)[order]
-    row_valid = (row_expert >= 0) & (row_expert < num_experts)
-    row_expert = jnp.where(row_valid, row_expert, 0)
-    if "b_gate_up" in params:
-        h = h + params["b_gate_up"].astype(acc)[row_expert]
-    a = glu(*split_gate_up(h, activation), activation).astype(x.dtype)
-    y = jax.lax.ragged_dot(a, params["w_down"], group_sizes, preferred_element_type=acc)
-    if "b_down" in params:
-        y = y + params["b_down"].astype(acc)[row_expert]
-    row_weight = jnp.where(row_valid, topk_weight.reshape(-1)[order].astype(acc), 0)
-    y = jnp.where(row_valid[:, None], y * row_weight[:, None], 0)
-    pair_row = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=jnp.int32))
-    out = jnp.sum(y[pair_row].reshape(num_tokens, top_k, -1), axis=1)
-    return out.astype(x.dtype)
-
-
 def moe_experts(
     x: jax.Array,
     topk_idx: jax.Array,
@@ -196,11 +146,9 @@ def moe_experts(
     """
     x, topk_idx, topk_weight = jnp.asarray(x), jnp.asarray(topk_idx), jnp.asarray(topk_weight)
     params = validate(x, topk_idx, topk_weight, params, activation)
-    backend = resolve_implementation(implementation)
+    policy = backends.resolve(implementation)
     if mesh is not None or return_stats:  # (parallel checks routing itself, mesh-wide)
-        from moe_pallas.parallel import moe_experts_parallel  # parallel imports this module
-
-        out, stats = moe_experts_parallel(
+        out, stats = parallel.moe_experts_parallel(
             x,
             topk_idx,
             topk_weight,
@@ -214,8 +162,4 @@ def moe_experts(
         )
         return (out, stats) if return_stats else out
     debug.check_routing(x, topk_idx, topk_weight, params["w_gate_up"].shape[0])
-    if x.shape[0] == 0:
-        return jnp.zeros_like(x)
-    if backend == "xla":
-        return _experts_xla(x, topk_idx, topk_weight, params, activation)
-    return fused.fused_experts(x, topk_idx, topk_weight, params, activation, backend)
+    return fused.expert_block(x, topk_idx, topk_weight, params, activation, policy)

@@ -29,7 +29,8 @@ from flax import nnx
 from flax.core import meta
 
 from moe_pallas.activations import ACTIVATIONS, Activation, glu, split_gate_up
-from moe_pallas.experts import IMPLEMENTATIONS, Implementation, moe_experts
+from moe_pallas.backends import IMPLEMENTATIONS, Implementation
+from moe_pallas.experts import moe_experts
 from moe_pallas.routing import ROUTER_METHODS, RouterMethod, route
 
 EXPERT_PARAM_NAMES = ("w_gate_up", "w_down", "b_gate_up", "b_down")
@@ -142,6 +143,19 @@ class MoEConfig:
         return mesh is not None and self.expert_axis in mesh.axis_names
 
 
+OPTIONS: tuple[str, ...] = tuple(
+    f.name for f in dataclasses.fields(MoEConfig) if f.default is not dataclasses.MISSING
+)
+
+
+def options_of(options: dict) -> dict:
+    """`options` checked against MoEConfig's optional fields (the layers' keyword arguments)."""
+    unknown = sorted(set(options) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"MoE got unknown options {unknown}; the options are {list(OPTIONS)}.")
+    return options
+
+
 def moe_apply(
     config: MoEConfig, params: dict[str, jax.Array], x: jax.Array
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -234,6 +248,9 @@ _SOW_CAPTURE = "capture_noop" in inspect.signature(nnx.Module.sow).parameters
 class MoE(nnx.Module):
     """Mixture-of-Experts layer: `y = layer(x)` for `x[..., hidden_size]`.
 
+    Keyword options are the fields of `MoEConfig` (`moe_pallas.layer.OPTIONS`), with these
+    defaults there:
+
     Args:
       hidden_size, intermediate_size, num_experts, top_k: H, I (per expert), E, k.
       activation: "swiglu" (w_gate_up columns [gate | up]) or "gptoss" (interleaved, clamped GLU).
@@ -267,56 +284,18 @@ class MoE(nnx.Module):
         num_experts: int,
         top_k: int,
         *,
-        activation: Activation = "swiglu",
-        router: RouterMethod = "softmax_topk",
-        renormalize: bool = False,
-        router_bias: bool = False,
-        n_group: int | None = None,
-        topk_group: int | None = None,
-        routed_scaling_factor: float = 1.0,
-        expert_bias: bool = False,
-        shared_intermediate_size: int = 0,
-        aux_loss_coef: float = 0.01,
-        z_loss_coef: float = 0.0,
-        dtype: Any = None,
-        param_dtype: Any = jnp.float32,
-        implementation: Implementation = "auto",
-        mesh: jax.sharding.Mesh | None = None,
-        expert_axis: str = "expert",
-        exchange: str | None = None,
-        capacity_factor: float | None = None,
         rngs: nnx.Rngs,
+        **options: Any,
     ):
         config = MoEConfig(
-            hidden_size,
-            intermediate_size,
-            num_experts,
-            top_k,
-            activation=activation,
-            router=router,
-            renormalize=renormalize,
-            router_bias=router_bias,
-            n_group=n_group,
-            topk_group=topk_group,
-            routed_scaling_factor=routed_scaling_factor,
-            expert_bias=expert_bias,
-            shared_intermediate_size=shared_intermediate_size,
-            aux_loss_coef=aux_loss_coef,
-            z_loss_coef=z_loss_coef,
-            dtype=dtype,
-            param_dtype=param_dtype,
-            implementation=implementation,
-            mesh=mesh,
-            expert_axis=expert_axis,
-            exchange=exchange,
-            capacity_factor=capacity_factor,
+            hidden_size, intermediate_size, num_experts, top_k, **options_of(options)
         )
         self.config = config
         eager = config.eager_sharding()
         for name, (shape, init, names) in config.param_specs().items():
             init = nnx.with_partitioning(init, names, eager_sharding=eager)
-            setattr(self, name, nnx.Param(init(rngs.params(), shape, param_dtype)))
-        if router == "sigmoid_group_topk":
+            setattr(self, name, nnx.Param(init(rngs.params(), shape, config.param_dtype)))
+        if config.router == "sigmoid_group_topk":
             self.correction_bias = RouterCorrectionBias(jnp.zeros((num_experts,), jnp.float32))
 
     def params_dict(self) -> dict[str, jax.Array]:

@@ -14,10 +14,8 @@ Exchanges (`exchange=`):
     destination) pair. Runs on every platform. Rows past C are dropped.
   - "ragged": `jax.lax.ragged_all_to_all` (GPU only: XLA:CPU does not implement it), no padding on
     the wire; each receiver holds B rows and rows past B (in source order) are dropped.
-  - "auto": "all_to_all" on every platform. On 2 NVLink-connected H200s (jax 0.11.2, one process)
-    `ragged_all_to_all` moved 2.7 GB/s against 108 GB/s for `all_to_all` (benchmarks/bench_p2p.py),
-    and the SwiGLU layer at T = 2048 per GPU ran its forward in 54.7 ms with "ragged" against
-    6.1 ms with "all_to_all" (benchmarks/results/2026-11-30_h200_session2/).
+  - "auto": "all_to_all" on every platform: in jax 0.11.2 `ragged_all_to_all` moved rows ~40x
+    slower than `all_to_all` between two NVLink-connected H200s (docs/decisions.md).
 
 `capacity_factor` f sizes the receive buffer of each device at f times the balanced load M rows:
 C = ceil(f*M/S) per pair, or B = ceil(f*M); rows past it are dropped. `None` (default) never
@@ -43,8 +41,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moe_pallas import debug, experts
-from moe_pallas.kernels.combine import combine
+from moe_pallas import backends, debug, dispatch, fused
 
 Exchange = Literal["auto", "all_to_all", "ragged"]
 EXCHANGES: tuple[str, ...] = ("auto", "all_to_all", "ragged")
@@ -91,16 +88,14 @@ class _Plan(NamedTuple):
 
 
 def _plan(topk_idx: jax.Array, experts_per_shard: int, num_shards: int) -> _Plan:
-    flat = topk_idx.reshape(-1).astype(jnp.int32)
-    num_experts = experts_per_shard * num_shards
-    key = jnp.where((flat >= 0) & (flat < num_experts), flat, num_experts)
-    order = jnp.argsort(key, stable=True).astype(jnp.int32)
-    row_of_pair = jnp.zeros_like(order).at[order].set(jnp.arange(order.shape[0], dtype=jnp.int32))
-    dest = key // experts_per_shard
-    counts = jnp.zeros((num_shards,), jnp.int32).at[dest].add(1, mode="drop")
-    start = jnp.cumsum(counts) - counts
-    rank = row_of_pair - start[jnp.minimum(dest, num_shards - 1)]
-    return _Plan(order, row_of_pair, key[order], dest, rank, counts, start)
+    """The expert sort (`dispatch.dispatch`) read per destination shard: shard s's rows are the
+    groups of its experts [s·E/S, (s+1)·E/S), contiguous in the sorted order."""
+    d = dispatch.dispatch(topk_idx, experts_per_shard * num_shards)
+    dest = d.row_expert[d.pair_row] // experts_per_shard  # S for masked ids
+    shard_offsets = d.group_offsets[::experts_per_shard]  # [S + 1]
+    start, counts = shard_offsets[:-1], jnp.diff(shard_offsets)
+    rank = d.pair_row - start[jnp.minimum(dest, num_shards - 1)]
+    return _Plan(d.row_pair, d.pair_row, d.row_expert, dest, rank, counts, start)
 
 
 # apply(x_rows [R, H], local_expert [R], weight [R]) -> weight * expert(x_rows) [R, H]; rows whose
@@ -122,19 +117,14 @@ def _gather_slots(x, token_of_slot):
 
 def _sum_slots(rows, slot_of_pair, use_kernel):
     """out[t] = sum_j rows[slot_of_pair[t, j]] in float32, j ascending; -1 adds nothing."""
-    if use_kernel:
-        return combine(rows, slot_of_pair, out_dtype=jnp.float32)
-    out = jnp.zeros((slot_of_pair.shape[0], rows.shape[1]), jnp.float32)
-    for j in range(slot_of_pair.shape[1]):
-        out += _gather_slots(rows, slot_of_pair[:, j]).astype(jnp.float32)
-    return out
+    combine = backends.get("pallas_triton" if use_kernel else "xla").combine
+    return combine(rows, slot_of_pair, out_dtype=jnp.float32)
 
 
 # The two linear maps between tokens and send slots, each the other's transpose. As custom VJPs
 # the backward of each is the other map: a row gather and a gather-sum, where XLA's own
 # transposes are scatter-adds. XLA also fused the forward's gathers, masks and k-sum into one
-# reduction that took 1.7 ms of the 6.0 ms SwiGLU forward on 2 H200s at T = 2048 per GPU (profile,
-# benchmarks/results/2026-11-30_h200_session4/).
+# slow reduction (over a quarter of the SwiGLU forward on 2 H200s, docs/decisions.md).
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _to_slots(x, token_of_slot, slot_of_pair, use_kernel):
     """x_send[s] = x[token_of_slot[s]] (zero rows for empty slots); slot_of_pair [T, k]."""
@@ -228,9 +218,9 @@ def _dropless_all_to_all_round_trip(
 
     Only the collectives sit under `lax.cond`; the experts run once on both rounds' rows (the
     second round's are masked when it is skipped, costing zero writes). With the experts inside
-    the cond, SwiGLU fwd+bwd on 2 H200s took 26.4 ms against 18.4 ms for one worst-case round
-    (benchmarks/results/2026-11-30_h200_session3/), presumably because the cond's gradient
-    returns zeros for every local weight from the untaken branch and adds them (not profiled).
+    the cond, fwd+bwd on 2 H200s was slower than one worst-case round (docs/decisions.md),
+    presumably because the cond's gradient returns zeros for every local weight from the untaken
+    branch and adds them.
     """
     spill = plan.order.shape[0] - capacity
     if spill <= 0:
@@ -412,10 +402,10 @@ def moe_experts_parallel(
     second round (0 when the first round held every pair)}.
     With mesh=None it is the single-device call, which drops nothing (S = 1).
     """
+    policy = backends.resolve(implementation)
     if mesh is None:
-        out = experts.moe_experts(
-            x, topk_idx, topk_weight, params, activation=activation, implementation=implementation
-        )
+        debug.check_routing(x, topk_idx, topk_weight, params["w_gate_up"].shape[0])
+        out = fused.expert_block(x, topk_idx, topk_weight, params, activation, policy)
         num_experts = params["w_gate_up"].shape[0]
         rows = jnp.sum((topk_idx >= 0) & (topk_idx < num_experts), dtype=jnp.int32)
         return out, {
@@ -454,21 +444,16 @@ def moe_experts_parallel(
     rows = (num_tokens + pad) // mesh.size * top_k
     capacity = capacity_rows(exchange, rows, num_shards, capacity_factor)
     axes = tuple(mesh.axis_names)
-    use_kernel = experts.resolve_implementation(implementation) != "xla"
+    use_kernel = policy != "xla"
     round_trip = round_trip_fn(exchange, capacity_factor, axes, use_kernel)
     other_axes = tuple(a for a in axes if a != expert_axis)
 
     def shard_body(x, topk_idx, topk_weight, params):
         def apply(x_rows, local_expert, weight):
-            with debug.debug_checks(False):  # padding rows carry out-of-range ids on purpose
-                return experts.moe_experts(
-                    x_rows,
-                    local_expert[:, None],
-                    weight[:, None],
-                    params,
-                    activation=activation,
-                    implementation=implementation,
-                )
+            # Padding rows carry out-of-range ids on purpose: they give zero, unchecked.
+            return fused.expert_block(
+                x_rows, local_expert[:, None], weight[:, None], params, activation, policy
+            )
 
         plan = _plan(topk_idx, experts_per_shard, num_shards)
         trip = round_trip(x, topk_weight, plan, apply, expert_axis, experts_per_shard, capacity)

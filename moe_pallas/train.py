@@ -20,7 +20,7 @@ import optax
 from flax import nnx
 from tqdm import tqdm
 
-from moe_pallas.experts import IMPLEMENTATIONS
+from moe_pallas.backends import IMPLEMENTATIONS
 from moe_pallas.layer import MoE
 from moe_pallas.routing import ROUTER_METHODS
 
@@ -225,6 +225,36 @@ def train(
     return model, history
 
 
+# The overridable fields that must be positive (or, for the seed, not negative): a bad value
+# ends in argparse's usage error (exit 2) naming the argument and a valid value, not a traceback
+# from the training loop.
+_AT_LEAST = {"steps": 1, "batch_size": 1, "seq_len": 1, "learning_rate": 0, "seed": 0}
+
+
+def _bounded(name: str):
+    """An argparse type for TrainConfig field `name` that refuses values below `_AT_LEAST`."""
+    kind = TrainConfig.__dataclass_fields__[name].type
+    low = _AT_LEAST[name]
+    example = getattr(TrainConfig(), name)
+    need = "a positive number" if kind is float else f"an integer >= {low}"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not {need}; e.g. --{name.replace('_', '-')} {example}"
+            ) from None
+        if value < low or (kind is float and not value > low):
+            raise argparse.ArgumentTypeError(
+                f"must be {need}, got {text}; e.g. --{name.replace('_', '-')} {example}"
+            )
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m moe_pallas train", description=__doc__.splitlines()[0]
@@ -238,7 +268,9 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("steps", "batch_size", "seq_len", "learning_rate", *choices, "seed"):
         parser.add_argument(
             "--" + name.replace("_", "-"),
-            type=TrainConfig.__dataclass_fields__[name].type,
+            type=_bounded(name)
+            if name in _AT_LEAST
+            else TrainConfig.__dataclass_fields__[name].type,
             choices=choices.get(name),
             default=None,
             help=f"override the size's {name}",

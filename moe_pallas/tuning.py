@@ -37,7 +37,7 @@ KERNELS = ("gmm", "gmm_glu", "gmm_t", "tgmm")
 
 
 def rows_class(num_rows: int, num_groups: int) -> str:
-    """"tiny" (at most 16 rows per group: decode, weight-bandwidth bound), "small" (up to 128),
+    """ "tiny" (at most 16 rows per group: decode, weight-bandwidth bound), "small" (up to 128),
     "large" (compute bound)."""
     rows_per_group = num_rows / max(num_groups, 1)
     if rows_per_group <= 16:
@@ -53,9 +53,9 @@ def _load(path: str) -> dict:
         return json.load(f)
 
 
-def table(path: pathlib.Path | str = TABLE_PATH) -> dict:
-    """The parsed table (cached; `write_entries` clears the cache)."""
-    return _load(str(path))
+def table(path: pathlib.Path | str | None = None) -> dict:
+    """The parsed table (default `TABLE_PATH`; cached, `write_entries` clears the cache)."""
+    return _load(str(path or TABLE_PATH))
 
 
 def device_name() -> str | None:
@@ -64,7 +64,7 @@ def device_name() -> str | None:
     return device.device_kind if device.platform == "gpu" else None
 
 
-def _device_table(device: str | None, path=TABLE_PATH) -> tuple[dict, bool]:
+def _device_table(device: str | None, path=None) -> tuple[dict, bool]:
     """(the device's table, whether it is the device's own rather than the default's)."""
     devices = table(path)["devices"]
     if device in devices:
@@ -72,7 +72,7 @@ def _device_table(device: str | None, path=TABLE_PATH) -> tuple[dict, bool]:
     return devices[table(path)["default_device"]], False
 
 
-def policy_sms(path=TABLE_PATH) -> int:
+def policy_sms(path=None) -> int:
     """SMs the policy spreads work over: the target GPU's, or off GPU the default device's, so
     that interpret mode picks the configs the default device would run."""
     if device_name() is not None:
@@ -101,7 +101,7 @@ def lookup(
     n: int,
     rows: str,
     device: str | None | type(...) = ...,
-    path=TABLE_PATH,
+    path=None,
 ) -> dict | None:
     """The config of the most specific entry for this problem on `device` (default: the target
     GPU), or None if the table has none."""
@@ -125,11 +125,11 @@ def _key(entry: dict) -> tuple:
 
 
 def write_entries(
-    entries: list[dict], device: str, *, num_sms: int | None = None, path=TABLE_PATH
+    entries: list[dict], device: str, *, num_sms: int | None = None, path=None
 ) -> None:
     """Add `entries` to `device`'s table in the JSON file, replacing any with the same key
     (backend, kernel, dtype, k, n, rows); a new device needs `num_sms`."""
-    path = pathlib.Path(path)
+    path = pathlib.Path(path or TABLE_PATH)
     data = json.loads(path.read_text())
     devices = data["devices"]
     if device not in devices:

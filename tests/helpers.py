@@ -36,3 +36,35 @@ def device_normal(rng, shape, dtype, scale=1.0):
 
     key = jax.random.key(int(rng.integers(2**31)))
     return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def as_if_h200(monkeypatch, spy=None):
+    """Make the "auto" policy decide as on an H200 while the kernels run in interpret mode: the
+    tuning table read for "NVIDIA H200" and its backends available. `spy(name, op)` is called
+    for every gmm/tgmm a Mosaic GPU or cuBLAS-slab backend then runs."""
+    import dataclasses
+
+    from moe_pallas import backends, tuning
+
+    monkeypatch.setattr(tuning, "device_name", lambda: "NVIDIA H200")
+    for name in ("mosaic_gpu", "cublas_slab"):
+        backend = backends.get(name)
+        ops = {}
+        for op in ("gmm", "tgmm"):
+            fn = getattr(backend, op)
+            if spy is not None and fn is not None:
+                ops[op] = lambda *a, _fn=fn, _op=op, _name=name, **kw: (
+                    spy(_name, _op) or _fn(*a, **kw)
+                )
+        replaced = dataclasses.replace(backend, available=lambda: True, **ops)
+        monkeypatch.setitem(backends.REGISTRY, name, replaced)
+
+
+def merge_gate_up(gate, up, activation):
+    """Inverse of `activations.split_gate_up`: (gate, up) as `[..., 2I]` in the layout of
+    `activation`."""
+    import jax.numpy as jnp
+
+    if activation == "gptoss":
+        return jnp.stack([gate, up], axis=-1).reshape(*gate.shape[:-1], 2 * gate.shape[-1])
+    return jnp.concatenate([gate, up], axis=-1)

@@ -72,10 +72,10 @@ def test_tile_schedule_covers_each_row_once(sizes, num_rows, block_m, tail):
     """Every row in one visit; a group's visits start at its first row and span block_m rows,
     except its last, which is shorter or (with tail) up to block_m + tail rows; the pseudo-group
     of unclaimed rows keeps block_m visits."""
-    sched = tile_schedule(jnp.asarray(sizes, jnp.int32), num_rows, block_m, tail=tail)
+    ends = np.minimum(np.cumsum(sizes), num_rows)
+    sched = tile_schedule(jnp.asarray(ends, jnp.int32), num_rows, block_m, tail=tail)
     assert sched.group.shape == (num_visits(num_rows, len(sizes), block_m),)
     owner = np.full(num_rows, -1)
-    ends = np.minimum(np.cumsum(sizes), num_rows)
     starts = np.concatenate([[0], ends[:-1]])
     visits = np.zeros(len(sizes) + 1, int)
     for g, m0, r0, r1 in zip(*(np.asarray(a) for a in sched)):
@@ -101,7 +101,7 @@ def test_large_inputs_take_the_binary_search_with_the_same_result(monkeypatch):
     import moe_pallas.dispatch as dispatch_module
 
     rng = np.random.default_rng()
-    sizes = jnp.asarray(rng.integers(0, 40, 300), jnp.int32)
+    sizes = jnp.asarray(np.minimum(np.cumsum(rng.integers(0, 40, 300)), 9000), jnp.int32)
     topk_idx = jnp.asarray(rng.integers(0, 300, (500, 4)), jnp.int32)
     fused = tile_schedule(sizes, 9000, 16), dispatch(topk_idx, 300)
     monkeypatch.setattr(dispatch_module, "_COMPARE_ALL_MAX", 0)  # as if the inputs were huge

@@ -10,8 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moe_pallas import _backend, moe_experts
-from moe_pallas.experts import resolve_implementation
+from moe_pallas import backends, moe_experts
 from moe_pallas.kernels.combine import combine
 from moe_pallas.reference import moe_experts_by_expert, moe_experts_reference
 from tests.helpers import device_normal
@@ -87,12 +86,11 @@ def _reference64(activation, x, topk_idx, topk_weight, params, cotangent, h_dtyp
         return out, jax.tree.map(np.asarray, grads)
 
 
-def test_auto_is_xla_on_cpu_and_pallas_on_gpu():
-    on_gpu = "auto" if _backend.is_hopper() else "pallas_triton"
-    assert resolve_implementation("auto") == (on_gpu if ON_GPU else "xla")
-    assert resolve_implementation("pallas_triton") == "pallas_triton"
+def test_auto_is_xla_on_cpu_and_per_op_on_gpu():
+    assert backends.resolve("auto") == ("auto" if ON_GPU else "xla")
+    assert backends.resolve("pallas_triton") == "pallas_triton"
     with pytest.raises(ValueError, match="implementation"):
-        resolve_implementation("triton")
+        backends.resolve("triton")
 
 
 @pytest.mark.parametrize("dtype,hidden", [(jnp.float32, 40), (jnp.bfloat16, 64)])
@@ -229,8 +227,8 @@ def test_full_shapes_gpu(activation, dtype, t, h, i, e, k):
 )
 def test_mosaic_gpu_full_shapes_gpu(activation, t, h, i, e, k):
     """implementation="mosaic_gpu" at full workload shapes, decode (its own tile config) and
-    prefill: interpret mode cannot show a misaligned TMA box (2026-12-01: 16- and 32-column decode
-    tiles crashed the H200 at T = 1)."""
+    prefill: interpret mode cannot show a misaligned TMA box (16- and 32-column decode tiles
+    crashed the H200 at T = 1)."""
     rng = np.random.default_rng(1)
     x, idx, w, params = _problem(rng, activation, t, h, i, e, k, jnp.bfloat16, "hot")
     layer = lambda x, w, p: moe_experts(

@@ -11,7 +11,7 @@ never-written element fails).
 
 Profiles: "ci" (default, 60 examples per test, ~3 min on 2 CPU cores) and "long" (10,000 per
 test), chosen by `--long` or HYPOTHESIS_PROFILE=long (loaded when this module is imported, so it
-applies to every hypothesis test of the session). `--fuzz-minutes M` shares M minutes among
+applies to every hypothesis test of the pytest session). `--fuzz-minutes M` shares M minutes among
 the fuzz tests: a test past its share ends as skipped (the examples it checked passed; the
 report counts them). FUZZ_REPORT=path.json writes per test: examples checked, seconds, first failure.
 """
@@ -30,7 +30,8 @@ from hypothesis import strategies as st
 
 from moe_pallas import dispatch, moe_experts, ragged_dot, tgmm
 from moe_pallas.activations import glu, split_gate_up
-from moe_pallas.kernels import BlockConfig, gmm, tgmm_padded
+from moe_pallas.backends import cublas_slab
+from moe_pallas.kernels import BlockConfig, gmm
 from moe_pallas.reference import moe_experts_reference
 
 ON_GPU = jax.default_backend() == "gpu"
@@ -278,9 +279,12 @@ def test_tgmm_matches_float64(seed, shape, dtype, kind, tail):
 
 @functools.partial(jax.jit, static_argnames="capacity")
 def _tgmm_padded_jit(lhs, rhs, sizes, row_index, capacity):
-    return tgmm_padded.tgmm(
-        lhs, rhs, sizes, lhs_row_index=row_index, rhs_sums=True, rows_per_group=capacity
-    )
+    real = cublas_slab.capacity
+    cublas_slab.capacity = lambda num_rows, num_groups: capacity  # traced once per capacity
+    try:
+        return cublas_slab.tgmm(lhs, rhs, sizes, lhs_row_index=row_index, rhs_sums=True)
+    finally:
+        cublas_slab.capacity = real
 
 
 @given(
@@ -433,9 +437,9 @@ def _reference_grads(x, idx, w, params, d_out, activation, h_dtype=None):
     activation=st.sampled_from(["swiglu", "gptoss"]),
     kind=st.sampled_from(ROUTING_KINDS),
 )
-# Found by the H200 long run (2026-12-01): TF32 operand rounding across the gpt-oss clamp.
+# Found by a long run on the H200: TF32 operand rounding across the gpt-oss clamp.
 @(example(1, (40, 576, 320, 64, 4), jnp.float32, "gptoss", "zipf") if ON_GPU else lambda f: f)
-# Found by CI (2026-12-02): a bf16 h of exactly 7, where jnp.minimum's gradient was a tie's half.
+# Found by CI: a bf16 h of exactly 7, where jnp.minimum's gradient was a tie's half.
 @example(70204671, (1, 24, 16, 4, 2), jnp.bfloat16, "gptoss", "hot")
 def test_moe_experts_matches_float64(seed, shape, dtype, activation, kind):
     """The fused block (pallas_triton): out and the gradients of x, topk_weight and every param."""
@@ -500,7 +504,8 @@ def test_tile_schedule_covers_each_row_once(seed, num_groups, rows, block_m, kin
     with _Example("test_tile_schedule_covers_each_row_once", **locals()):
         rng = np.random.default_rng(seed)
         sizes = _group_sizes(rng, kind, num_groups, max(rows - tail, 0))
-        s = jax.tree.map(np.asarray, dispatch.tile_schedule(jnp.asarray(sizes), rows, block_m))
+        ends = jnp.asarray(np.minimum(np.cumsum(sizes), rows), jnp.int32)
+        s = jax.tree.map(np.asarray, dispatch.tile_schedule(ends, rows, block_m))
         row_group = np.append(
             np.repeat(np.arange(num_groups), sizes), [num_groups] * (rows - sizes.sum())
         )

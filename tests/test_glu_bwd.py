@@ -6,8 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moe_pallas.activations import glu, glu_bwd, merge_gate_up, split_gate_up
+from moe_pallas.activations import glu, glu_bwd, split_gate_up
 from moe_pallas.kernels.glu_bwd import glu_backward
+from tests.helpers import merge_gate_up
 from tests.test_lowering import SDS, lower_for_h200, triton_calls
 
 

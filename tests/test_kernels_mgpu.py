@@ -8,6 +8,7 @@ rejects NaN) also proves every row was written, and a TMA box leaving lhs fails 
 
 import dataclasses
 import functools
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,8 @@ import pytest
 from jax.sharding import AbstractDevice, AbstractMesh
 
 import moe_pallas
+from moe_pallas import backends, dispatch, tuning
+from moe_pallas.backends import mosaic_gpu as mosaic_backend
 from moe_pallas.kernels import gmm_mgpu, tgmm_mgpu
 from tests.test_kernels_gmm import gmm64, rel_err, tgmm64
 from tests.test_lowering import _layer_args
@@ -146,63 +149,14 @@ def test_gmm_glu_matches_oracle(num_rows, group_sizes, with_epilogue, activation
     assert rel_err(out, ref) < 1e-5  # gate and up are exact in f32; the GLU runs in f32
 
 
-GATHER = gmm_mgpu.MosaicConfig(64, 64, 64, num_stages=3, grid_tile_n=2)  # 128-byte lhs rows
-
-
-@pytest.mark.parametrize(
-    "tokens, group_sizes, k, activation, transpose_rhs",
-    [
-        # ragged groups, an empty one, zero-filled tail rows; 4 k-steps through 3 ring slots
-        (37, [30, 0, 50, 13], 256, None, False),
-        (37, [30, 0, 50, 13], 64, "gptoss", False),  # one k-step: two empty commit groups
-        (16, [0, 70, 0, 0], 128, "swiglu", False),  # one hot expert, rows repeating tokens
-        (1, [0, 0, 1, 0], 128, None, True),  # T = 1, transposed rhs (the dlhs gmm)
-    ],
-)
-def test_gmm_row_gather_matches_oracle(tokens, group_sizes, k, activation, transpose_rhs):
-    """lhs_row_index: row m reads x[row_index[m]] in the kernel (interpret mode runs the ring's
-    schedule with synchronous row copies; the cp.async path runs in the gpu tests)."""
-    rng = np.random.default_rng(30 + tokens)
-    num_rows = sum(group_sizes) + 3  # 3 rows past the groups: stored as zeros
-    n = 256 if activation else 128
-    x, rhs, sizes = _inputs(rng, tokens, k, n, group_sizes, transpose_rhs=transpose_rhs)
-    rhs = rhs * 4  # gpt-oss's clamps at ±7 bite on some units
-    row_index = jnp.asarray(rng.integers(0, tokens, num_rows), jnp.int32)
-    bias = jnp.asarray(rng.standard_normal((4, n)), BF16)
-    row_scale = jnp.asarray(rng.random(num_rows) + 0.5, jnp.float32)
-    kw = {"transpose_rhs": transpose_rhs, "bias": bias, "activation": activation}
-    kw["row_scale"] = row_scale
-    out = gmm_mgpu.gmm(
-        x, rhs, sizes, lhs_row_index=row_index, out_dtype=jnp.float32, config=GATHER, **kw
-    )
-    assert out.shape == (num_rows, n // (2 if activation else 1))
-    assert rel_err(out, gmm64(x[row_index], rhs, sizes, **kw)) < 1e-5
-
-
-@pytest.mark.parametrize("config", [SMALL, WS_ROWS], ids=["block_k_32", "two_consumers"])
-def test_row_gather_falls_back_to_a_gathered_copy(config):
-    """A config whose tile cannot gather (32-column k-blocks: 64-byte rows; two consumers) reads
-    an XLA-gathered copy of lhs instead: same results."""
-    rng = np.random.default_rng(9)
-    x, rhs, sizes = _inputs(rng, 20, 64, 128, [30, 0, 50, 13])
-    row_index = jnp.asarray(rng.integers(0, 20, 96), jnp.int32)
-    fn = lambda x, row_index: gmm_mgpu.gmm(
-        x, rhs, sizes, lhs_row_index=row_index, out_dtype=jnp.float32, config=config
-    )
-    assert "gmm_mgpu_gather" not in jax.jit(fn).lower(x, row_index).as_text()
-    assert rel_err(fn(x, row_index), gmm64(x[row_index], rhs, sizes)) < 1e-5
-    with pytest.raises(ValueError, match="1-D integer array"):
-        gmm_mgpu.gmm(x, rhs, sizes, lhs_row_index=row_index.reshape(2, 48), config=config)
-
-
 def test_decode_config_takes_64_row_tiles_at_least_64_columns_wide():
     """rows_class "tiny": 64-row tiles, block_n halved towards 4 pairs per SM but not below 64
     (narrower tiles misaligned on the H200); gpt-oss's GLU gets 6 stages (8 exceed its shared
     memory, measured on the H200), the rest 8."""
     with jax.sharding.use_abstract_mesh(H200):
-        decode = gmm_mgpu.default_config(4, 128, 2880, "gptoss")
-        swiglu_down = gmm_mgpu.default_config(8, 256, 4096, None)
-        prefill = gmm_mgpu.default_config(8192, 128, 2880, "gptoss")
+        decode = mosaic_backend.default_config(4, 128, 2880, "gptoss")
+        swiglu_down = mosaic_backend.default_config(8, 256, 4096, None)
+        prefill = mosaic_backend.default_config(8192, 128, 2880, "gptoss")
     assert (decode.block_m, decode.block_n, decode.num_stages) == (64, 64, 6)
     assert (swiglu_down.block_m, swiglu_down.block_n, swiglu_down.num_stages) == (64, 64, 8)
     assert prefill == gmm_mgpu.MosaicConfig(block_n=64)
@@ -215,14 +169,20 @@ def test_config_narrower_than_64_columns_is_refused():
 
 @pytest.mark.parametrize("activation", [None, "gptoss"])
 def test_gmm_decode_config_matches_oracle(activation):
-    """A call without a config at decode sizes (2 rows per group) runs the decode config."""
+    """The backend's call at decode sizes (2 rows per group) runs the decode config; a row
+    gather reads a gathered copy."""
     rng = np.random.default_rng(30)
     lhs, rhs, sizes = _inputs(rng, 6, 64, 256 if activation else 128, [2, 0, 3, 1])
-    cfg = gmm_mgpu.default_config(6, 4, 128, activation)
-    # interpret mode: 2 "SMs", so 8 pairs; 4 experts x 1 column tile -> narrowed once, to 64
+    cfg = mosaic_backend.default_config(6, 4, 128, activation)
+    # 4 experts x 1 column tile, far below 4 pairs per SM: narrowed once, to the 64-column floor
     assert (cfg.block_m, cfg.block_n) == (64, 64)
-    out = gmm_mgpu.gmm(lhs, rhs, sizes, activation=activation, out_dtype=jnp.float32)
+    out = mosaic_backend.gmm(lhs, rhs, sizes, activation=activation, out_dtype=jnp.float32)
     assert rel_err(out, gmm64(lhs, rhs, sizes, activation=activation)) < 1e-5
+    index = jnp.asarray([5, 0, 2, 2, 1, 3], jnp.int32)
+    out = mosaic_backend.gmm(
+        lhs, rhs, sizes, lhs_row_index=index, activation=activation, out_dtype=jnp.float32
+    )
+    assert rel_err(out, gmm64(lhs[index], rhs, sizes, activation=activation)) < 1e-5
 
 
 def test_gmm_clamps_invalid_group_sizes_like_triton():
@@ -256,13 +216,15 @@ def test_schedule_covers_each_row_once_in_aligned_boxes():
         num_rows, block_m = int(rng.integers(1, 300)), int(rng.choice([64, 128]))
         g = int(rng.integers(1, 9))
         sizes = np.diff(np.concatenate([[0], np.sort(rng.integers(0, num_rows + 1, g))]))
-        sched = gmm_mgpu.schedule(jnp.asarray(np.cumsum(sizes), jnp.int32), num_rows, block_m)
-        group, tile8, start, end = map(np.asarray, sched)
+        ends = jnp.asarray(np.cumsum(sizes), jnp.int32)
+        sched = dispatch.tile_schedule(ends, num_rows, block_m, align=8)
+        group, m_start, start, end = map(np.asarray, sched)
+        assert (m_start % 8 == 0).all()
         ends = np.concatenate([np.cumsum(sizes), [num_rows]])
         starts = np.concatenate([[0], ends[:-1]])
         cover = np.zeros(num_rows, int)
         for v in np.flatnonzero(end > start):
-            assert 8 * tile8[v] <= start[v] and end[v] <= 8 * tile8[v] + block_m
+            assert m_start[v] <= start[v] and end[v] <= m_start[v] + block_m
             assert starts[group[v]] <= start[v] and end[v] <= ends[group[v]]
             cover[start[v] : end[v]] += 1
         np.testing.assert_array_equal(cover, 1)
@@ -354,28 +316,6 @@ def test_gmm_glu_lowers_for_h200(activation, rows, h, n, groups, config):
     assert "mosaic_gpu_v2" in text
 
 
-@pytest.mark.parametrize(
-    "activation, tokens, h, n, groups, transpose_rhs",
-    [
-        ("gptoss", 16384, 2880, 5760, 128, False),  # gate_up at T = 16384
-        ("gptoss", 1, 2880, 5760, 128, False),  # decode config
-        (None, 2048, 2880, 2880, 128, True),  # the dlhs gmm
-        ("swiglu", 2048, 4096, 4096, 256, False),
-    ],
-)
-def test_gmm_row_gather_lowers_for_h200(activation, tokens, h, n, groups, transpose_rhs):
-    """The cp.async row gather's inline Mosaic GPU code passes Mosaic GPU's lowering."""
-    top_k = 4 if groups == 128 else 8
-    rhs = SDS((groups, n, h) if transpose_rhs else (groups, h, n), BF16)
-    fn = lambda x, rhs, sizes, row_index: gmm_mgpu.gmm(
-        x, rhs, sizes, lhs_row_index=row_index, activation=activation, transpose_rhs=transpose_rhs
-    )
-    args = (SDS((tokens, h), BF16), rhs, SDS((groups,), jnp.int32))
-    text = _lower_for_h200(fn, *args, SDS((tokens * top_k,), jnp.int32))
-    kernel = "gmm_mgpu_t_gather" if transpose_rhs else "gmm_mgpu_gather"
-    assert kernel in text  # the gathering kernel, not the fallback to a copy
-
-
 def test_ragged_dot_lowers_to_mosaic_gpu_and_shared_memory_overflow_is_caught():
     args = SDS((8192, 2880), BF16), SDS((128, 2880, 5760), BF16), SDS((128,), jnp.int32)
     text = _lower_for_h200(
@@ -411,12 +351,9 @@ def test_tgmm_matches_oracle(num_rows, group_sizes):
         assert not np.asarray(out[g]).any()  # exact zeros, not a small residue
 
 
-@pytest.mark.parametrize(
-    "variant", [{"ctas_per_sm": 2}, {"producer": True}, {"producer": True, "num_stages": 3}]
-)
+@pytest.mark.parametrize("variant", [{"num_stages": 2}, {"num_stages": 3}])
 def test_tgmm_variants_match_oracle(variant):
-    """Two CTAs per SM; a producer warpgroup feeding the ring (2 or 3 slots: the slot hand-back
-    wraps around many times over 14 boxes)."""
+    """Rings of 2 and 3 slots: the refill wraps around many times over 14 boxes."""
     rng = np.random.default_rng(14)
     sizes = [13, 20, 0, 30, 7]
     lhs = jnp.asarray(rng.standard_normal((75, 128)), BF16)
@@ -515,9 +452,7 @@ def test_ops_fall_back_to_triton_for_float32(monkeypatch):
         (65536, 4096, 4096, 256, None),
         (100, 2048, 4096, 256, None),
         (100, 2048, 4096, 256, TGMM_SMALL),  # lhs and rhs slots of different widths: one swizzle
-        (8192, 2880, 5760, 128, tgmm_mgpu.TgmmMosaicConfig(64, 64, 128, 3, ctas_per_sm=2)),
-        (8192, 2880, 5760, 128, tgmm_mgpu.TgmmMosaicConfig(producer=True)),
-        (8192, 2880, 5760, 128, tgmm_mgpu.TgmmMosaicConfig(64, 64, 128, 3, 2, producer=True)),
+        (8192, 2880, 5760, 128, tgmm_mgpu.TgmmMosaicConfig(64, 64, 128, 3)),
     ],
 )
 def test_tgmm_lowers_for_h200(rows, k, n, groups, config):
@@ -551,12 +486,12 @@ def test_mosaic_gpu_training_step_lowers_without_triton():
 @pytest.mark.parametrize("tokens, mosaic_kernels", [(16384, 1), (2048, 0)])
 def test_auto_runs_mosaic_gpu_on_the_table_shapes_only(tokens, mosaic_kernels):
     """Under "auto" on an H200, the gpt-oss layer's down projection at 512 rows per expert (in
-    AUTO_TABLE) lowers to Mosaic GPU; gate_up (row gather, GLU), combine and the backward stay
-    Triton, and nothing runs on Mosaic GPU at 64 rows per expert."""
+    the tuning table) lowers to Mosaic GPU; gate_up (row gather, GLU), combine and the backward
+    stay Triton, and nothing runs on Mosaic GPU at 64 rows per expert."""
     from moe_pallas import fused
 
     args = _layer_args("gptoss", tokens)
-    layer = lambda x, i, w, p: fused.fused_experts(x, i, w, p, "gptoss", "auto")
+    layer = lambda x, i, w, p: fused.expert_block(x, i, w, p, "gptoss", "auto")
     text = _lower_for_h200(layer, *args)
     assert text.count("mosaic_gpu_v2") == mosaic_kernels
     assert text.count("__gpu$xla.gpu.triton") == 3 - mosaic_kernels
@@ -565,20 +500,22 @@ def test_auto_runs_mosaic_gpu_on_the_table_shapes_only(tokens, mosaic_kernels):
     assert grad_text.count("mosaic_gpu_v2") == mosaic_kernels
 
 
-@pytest.mark.parametrize("out_dtype", [BF16, jnp.float32])
-@pytest.mark.parametrize("key", sorted(gmm_mgpu.AUTO_TABLE))
-def test_auto_table_entries_lower_for_h200(key, out_dtype):
-    """Every AUTO_TABLE entry, with the bias and row scale of the layer's down call, lowers for an
-    H200 at a shape of its rows class (512 rows per group, 128 groups): its tiles divide K and N
-    and its TMA ring fits in shared memory. A float32 output (twice the store buffer, past the
-    shared memory of the 4-stage entries) runs on Triton instead."""
-    from moe_pallas import ops
+def _mosaic_entries():
+    entries = tuning.table()["devices"]["NVIDIA H200"]["entries"]
+    return [e for e in entries if e["backend"] == "mosaic_gpu"]
 
-    rows_class, k, n = key
-    assert rows_class == "large"  # the rows per group below; extend for other classes
-    groups = 128
+
+@pytest.mark.parametrize("out_dtype", [BF16, jnp.float32])
+@pytest.mark.parametrize("entry", _mosaic_entries(), ids=lambda e: f"{e['k']}x{e['n']}")
+def test_auto_table_entries_lower_for_h200(entry, out_dtype):
+    """Every mosaic_gpu entry of the tuning table, with the bias and row scale of the layer's
+    down call, lowers for an H200 at a shape of its rows class (512 rows per group, 128 groups):
+    its tiles divide K and N and its TMA ring fits in shared memory. A float32 output (twice the
+    store buffer, past the shared memory of the 4-stage entries) runs on Triton instead."""
+    assert entry["rows"] == "large"  # the rows per group below; extend for other classes
+    k, n, groups = entry["k"], entry["n"], 128
     rows = 512 * groups
-    fn = lambda lhs, rhs, sizes, bias, row_scale: ops.gmm_on_backend(
+    fn = lambda lhs, rhs, sizes, bias, row_scale: backends.gmm(
         "auto", lhs, rhs, sizes, bias=bias, row_scale=row_scale, out_dtype=out_dtype
     )
     args = (SDS((rows, k), BF16), SDS((groups, k, n), BF16), SDS((groups,), jnp.int32))
@@ -588,27 +525,33 @@ def test_auto_table_entries_lower_for_h200(key, out_dtype):
     assert text.count("__gpu$xla.gpu.triton") == (not mosaic)
 
 
-def test_auto_table_hit_runs_mosaic_gpu_and_matches_triton(monkeypatch):
-    """A plain gmm whose shape is in AUTO_TABLE runs the Mosaic GPU kernel with the table's
-    config (interpret mode here) and equals Triton's result; the same shape with a row gather or
-    a float32 output stays on Triton."""
-    from moe_pallas import ops
-
+def test_auto_table_hit_runs_mosaic_gpu_and_matches_triton(monkeypatch, tmp_path):
+    """A plain gmm whose shape has a mosaic_gpu entry runs the Mosaic GPU kernel with the entry's
+    config (interpret mode here, the device made to look like an H200) and equals Triton's
+    result; the same shape with a row gather or a float32 output stays on Triton."""
+    table = tmp_path / "tuning.json"
+    shutil.copy(tuning.TABLE_PATH, table)
+    entry = {"backend": "mosaic_gpu", "kernel": "gmm", "dtype": "bfloat16", "k": 64, "n": 128}
+    entry |= {"rows": "small", "config": dataclasses.asdict(SMALL)}
+    tuning.write_entries([entry], "NVIDIA H200", path=table)
+    monkeypatch.setattr(tuning, "TABLE_PATH", table)
+    monkeypatch.setattr(tuning, "device_name", lambda: "NVIDIA H200")
+    mosaic = dataclasses.replace(backends.get("mosaic_gpu"), available=lambda: True)
+    monkeypatch.setitem(backends.REGISTRY, "mosaic_gpu", mosaic)
     rng = np.random.default_rng(6)
     lhs, rhs, sizes = _inputs(rng, 96, 64, 128, [40, 0, 56])
     bias = jnp.asarray(rng.standard_normal((3, 128)), BF16)
     row_scale = jnp.asarray(rng.random(96), jnp.float32)
-    monkeypatch.setitem(gmm_mgpu.AUTO_TABLE, ("small", 64, 128), SMALL)
     calls = []
     real = gmm_mgpu.gmm
     monkeypatch.setattr(
         gmm_mgpu, "gmm", lambda *a, **kw: calls.append(kw["config"]) or real(*a, **kw)
     )
     kwargs = {"bias": bias, "row_scale": row_scale}
-    got = ops.gmm_on_backend("auto", lhs, rhs, sizes, **kwargs)
+    got = backends.gmm("auto", lhs, rhs, sizes, **kwargs)
     assert calls == [SMALL]
-    want = ops.gmm_on_backend("pallas_triton", lhs, rhs, sizes, **kwargs)
+    want = backends.gmm("pallas_triton", lhs, rhs, sizes, **kwargs)
     assert rel_err(got, np.asarray(want, np.float64)) < 1e-6
-    ops.gmm_on_backend("auto", lhs, rhs, sizes, lhs_row_index=jnp.arange(96), **kwargs)
-    ops.gmm_on_backend("auto", lhs, rhs, sizes, out_dtype=jnp.float32, **kwargs)
+    backends.gmm("auto", lhs, rhs, sizes, lhs_row_index=jnp.arange(96), **kwargs)
+    backends.gmm("auto", lhs, rhs, sizes, out_dtype=jnp.float32, **kwargs)
     assert calls == [SMALL]

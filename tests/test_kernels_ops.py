@@ -7,7 +7,8 @@ import pytest
 from jax.test_util import check_grads
 
 import moe_pallas
-from moe_pallas import _backend
+from moe_pallas import backends
+from moe_pallas.kernels import _common
 from tests.test_kernels_gmm import gmm64, random_group_sizes, rel_err, tgmm64
 
 TOL = {jnp.float32: 1e-5, jnp.bfloat16: 1e-2}
@@ -115,9 +116,9 @@ def test_validation_errors_name_the_argument():
 
 
 def test_backend_resolution():
-    expected = "pallas_triton" if jax.default_backend() == "gpu" else "xla"
-    assert _backend.resolve("auto") == expected
-    assert _backend.interpret_mode() == (jax.default_backend() != "gpu")
-    assert _backend.resolve("mosaic_gpu") == "mosaic_gpu"
+    expected = "auto" if jax.default_backend() == "gpu" else "xla"
+    assert backends.resolve("auto") == expected
+    assert _common.interpret_mode() == (jax.default_backend() != "gpu")
+    assert backends.resolve("mosaic_gpu") == "mosaic_gpu"
     with pytest.raises(ValueError, match="implementation="):
-        _backend.resolve("cuda")
+        backends.resolve("cuda")

@@ -99,11 +99,12 @@ def test_ragged_dot_and_tgmm_lower_to_triton():
 
 
 def test_interpret_mode_follows_the_target():
-    from moe_pallas import _backend
+    from moe_pallas.kernels import _common
 
-    assert _backend.interpret_mode() == (jax.default_backend() != "gpu")
+    assert _common.interpret_mode() == (jax.default_backend() != "gpu")
     with jax.sharding.use_abstract_mesh(H200):
-        assert not _backend.interpret_mode()
+        assert not _common.interpret_mode()
+        assert _common.num_sms() == 132
 
 
 @pytest.mark.parametrize("activation", sorted(WORKLOADS))
@@ -178,7 +179,7 @@ def test_auto_weight_gradients_lower_to_a_batched_dot_and_overflow_kernels(activ
     the GPU lowering checks)."""
     from moe_pallas import fused
 
-    layer = lambda x, i, w, p: fused.fused_experts(x, i, w, p, activation, "auto")
+    layer = lambda x, i, w, p: fused.expert_block(x, i, w, p, activation, "auto")
     loss = lambda x, i, w, p: jnp.sum(layer(x, i, w, p).astype(jnp.float32))
     text = lower_for_h200(jax.grad(loss, argnums=(0, 2, 3)), *_layer_args(activation, tokens))
     assert len(re.findall(r"stablehlo.dot_general.*batching_dims = \[0\] x \[0\]", text)) >= 2

@@ -28,10 +28,10 @@ F32, BF16 = 1e-5, 2e-2
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
-    """Results of ep_cases.py, run once per session even when pytest-xdist splits this module."""
+    """Results of ep_cases.py, run once per pytest session, even when xdist splits this module."""
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent  # the session's directory, shared by the workers
+        root = root.parent  # the pytest session's directory, shared by the workers
     path = root / "ep_cases.json"
     with open(root / "ep_cases.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

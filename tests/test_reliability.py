@@ -14,7 +14,7 @@ import pytest
 import moe_pallas
 from moe_pallas import moe_experts, ragged_dot, tgmm
 from moe_pallas.kernels import gmm
-from moe_pallas.kernels.gmm import clamp_group_sizes
+from moe_pallas.kernels._common import clamp_group_sizes
 
 IMPLS = ["pallas_triton", "xla"]
 SDS = jax.ShapeDtypeStruct

@@ -61,6 +61,37 @@ def test_cli(capsys):
         train_mod.main(["--size", "huge"])
 
 
+def test_cli_returns_1_when_the_loss_did_not_fall(capsys):
+    """One step cannot lower the loss it started from: exit status 1, as a failed run."""
+    assert train_mod.main(["--steps", "1", "--no-progress"]) == 1
+    assert "in 1 steps" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--steps", "0"], "argument --steps: must be an integer >= 1, got 0; e.g. --steps 150"),
+        (["--steps", "-5"], "argument --steps: must be an integer >= 1, got -5"),
+        (["--batch-size", "0"], "argument --batch-size: must be an integer >= 1, got 0"),
+        (["--seq-len", "-1"], "argument --seq-len: must be an integer >= 1, got -1"),
+        (["--learning-rate", "0"], "argument --learning-rate: must be a positive number, got 0"),
+        (["--learning-rate", "nan"], "argument --learning-rate: must be a positive number"),
+        (["--seed", "-1"], "argument --seed: must be an integer >= 0, got -1"),
+        (["--steps", "ten"], "argument --steps: 'ten' is not an integer >= 1; e.g. --steps 150"),
+    ],
+)
+def test_cli_refuses_bad_sizes(args, message, capsys):
+    """Non-positive sizes end in a usage error naming the argument and a valid value (exit 2),
+    before any model is built; through `python -m moe_pallas train` too."""
+    from moe_pallas.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", *args])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and message in err
+    assert err.startswith("usage: python -m moe_pallas train")
+
+
 @pytest.mark.parametrize("size", ["small", "gptoss"])
 def test_gpu_sizes_build(size):
     config = train_mod.SIZES[size]

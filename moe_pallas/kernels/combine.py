@@ -20,8 +20,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from moe_pallas import _backend
-from moe_pallas.kernels import config as _config
+from moe_pallas.kernels import _common
 
 
 def _combine_kernel(pair_row_ref, rows_ref, out_ref, *, num_tokens, hidden, top_k, bt, bh):
@@ -68,8 +67,8 @@ def combine(
     out_dtype = jnp.dtype(out_dtype or rows.dtype)
     if num_tokens == 0 or hidden == 0 or top_k == 0 or rows.shape[0] == 0:
         return jnp.zeros((num_tokens, hidden), out_dtype)
-    bt = _config.pow2_block(block_t, num_tokens)
-    bh = _config.dividing_block(_config.pow2_block(block_h, hidden), hidden, 64)
+    bt = _common.pow2_block(block_t, num_tokens)
+    bh = _common.dividing_block(_common.pow2_block(block_h, hidden), hidden, 64)
     kernel = functools.partial(
         _combine_kernel, num_tokens=num_tokens, hidden=hidden, top_k=top_k, bt=bt, bh=bh
     )
@@ -78,6 +77,6 @@ def combine(
         out_shape=jax.ShapeDtypeStruct((num_tokens, hidden), out_dtype),
         grid=(pl.cdiv(num_tokens, bt), pl.cdiv(hidden, bh)),
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-        interpret=_backend.interpret_mode(),
+        interpret=_common.interpret_mode(),
         name="moe_combine",
     )(pair_row.T.astype(jnp.int32), rows)

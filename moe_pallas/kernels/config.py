@@ -1,14 +1,13 @@
-"""Block configurations of the grouped matmuls, per shape class, for the H200.
+"""Block sizes of the Triton grouped matmuls (`kernels.gmm`, `kernels.tgmm`).
 
-The table below is rewritten by `benchmarks/autotune_gmm.py`; edit it there, not by hand.
-Shape class: the kernel ("gmm", "gmm_glu" for gmm with a GLU epilogue, whose block_n counts output
-columns, i.e. half the weight columns a tile reads; "gmm_t" for the transposed-rhs gmm; "tgmm")
-and the average number
-of rows per group (`rows_class`): few rows per group are weight-bandwidth bound (small block_m,
-narrow block_n so every SM streams a slice of the weights), many rows are compute bound.
+Which config runs for a shape is data: `moe_pallas/tuning.json`, read by the pallas_triton backend
+(`moe_pallas.backends.pallas_triton`). Few rows per group are weight-bandwidth bound (small
+block_m, narrow block_n so every SM streams a slice of the weights), many rows compute bound.
 """
 
 import dataclasses
+
+from moe_pallas.kernels._common import pow2_block
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,96 +60,3 @@ class BlockConfig:
             # a block_m shrunk to the problem holds every row: no group has a tail
             tail_m=self.tail_m if block_m == self.block_m else 0,
         )
-
-
-def pow2_block(block: int, dim: int) -> int:
-    """block, shrunk to the smallest power of 2 covering dim, but at least 16 (the Triton dot's
-    minimum)."""
-    return min(block, max(16, 1 << max(dim - 1, 0).bit_length()))
-
-
-def dividing_block(block: int, dim: int, floor: int) -> int:
-    """The power-of-2 block halved while it does not divide dim, down to floor: a block that
-    divides the dimension needs no masked tail (2880 = 45 * 64)."""
-    while dim % block and block > floor:
-        block //= 2
-    return block
-
-
-# BEGIN TABLE (autotune_gmm.py)
-_TABLE: dict[tuple[str, str], BlockConfig] = {
-    ("gmm", "large"): BlockConfig(
-        128, 256, 64, group_m=8, num_warps=8, num_stages=4, min_block_m=64
-    ),
-    ("gmm", "small"): BlockConfig(
-        128, 256, 64, group_m=8, num_warps=8, num_stages=4, min_block_m=16, tail_m=64
-    ),
-    ("gmm", "tiny"): BlockConfig(16, 128, 128, group_m=8, num_warps=4, num_stages=3),
-    ("gmm_glu", "large"): BlockConfig(
-        128, 128, 64, group_m=8, num_warps=8, num_stages=3, min_block_m=16
-    ),
-    ("gmm_glu", "small"): BlockConfig(
-        128, 128, 64, group_m=8, num_warps=8, num_stages=4, min_block_m=64, tail_m=64
-    ),
-    ("gmm_glu", "tiny"): BlockConfig(16, 64, 128, group_m=8, num_warps=4, num_stages=3),
-    ("gmm_t", "large"): BlockConfig(
-        128, 256, 64, group_m=8, num_warps=8, num_stages=3, min_block_m=16
-    ),
-    ("gmm_t", "small"): BlockConfig(128, 256, 64, group_m=8, num_warps=8, num_stages=4, tail_m=64),
-    ("gmm_t", "tiny"): BlockConfig(16, 64, 128, group_m=8, num_warps=4, num_stages=4),
-    ("tgmm", "large"): BlockConfig(64, 128, 128, group_m=8, num_warps=4, num_stages=3),
-    ("tgmm", "small"): BlockConfig(64, 128, 128, group_m=8, num_warps=4, num_stages=3),
-    ("tgmm", "tiny"): BlockConfig(32, 128, 128, group_m=1, num_warps=4, num_stages=4),
-}
-# END TABLE
-
-
-def rows_class(num_rows: int, num_groups: int) -> str:
-    rows_per_group = num_rows / max(num_groups, 1)
-    if rows_per_group <= 16:
-        return "tiny"
-    if rows_per_group <= 128:
-        return "small"
-    return "large"
-
-
-_MIN_PROGRAMS = 4 * 132  # a few programs per H200 SM keep every SM streaming weights
-
-
-def spread_block_n(
-    block_n: int, n: int, num_rows: int, num_groups: int, min_block_n: int, programs: int
-) -> int:
-    """block_n halved (not below min_block_n) until the min(rows, groups) experts hit have
-    `programs` (row tile, column tile) pairs: with few rows, each hit expert's weights must be
-    split over every SM to stream at full bandwidth (at T = 1, 4 experts x 45 column tiles would
-    leave SMs idle)."""
-    while block_n > min_block_n and min(num_rows, num_groups) * -(-n // block_n) < programs:
-        block_n //= 2
-    return block_n
-
-
-def pick(
-    kernel: str, num_rows: int, num_groups: int, k: int, n: int, activation: str | None = None
-) -> BlockConfig:
-    """The table's config for this shape, fitted to it, with block_n narrowed by
-    `spread_block_n` for the gmm kernels, down to `min_block_n`."""
-    cfg = _TABLE[(kernel, rows_class(num_rows, num_groups))].fit(num_rows, k, n)
-    if kernel != "tgmm":
-        block_n = spread_block_n(
-            cfg.block_n, n, num_rows, num_groups, min_block_n(kernel, activation), _MIN_PROGRAMS
-        )
-        cfg = dataclasses.replace(cfg, block_n=block_n)
-    return cfg
-
-
-def min_block_n(kernel: str, activation: str | None = None) -> int:
-    """The narrowest block_n `pick` spreads to: a tile's rows of weights stay at least 64 columns
-    (128 bf16 bytes) contiguous. At T = 1 on the H200 narrower tiles streamed the weights slower
-    in spite of more programs (2026-12-01 sweep, benchmarks/results/2026-12-01_h200_session8/:
-    SwiGLU gate_up 118.5 us at 16 output columns vs 63.1 at 64; down 43.6 at 32 vs 33.5 at 64;
-    gpt-oss gate_up 41.7 at 16 vs 34.1 at 32). gpt-oss's GLU reads its gate and up columns
-    interleaved, 2·block_n contiguous; SwiGLU's reads two blocks of block_n. gmm_t reads rows of
-    the weights' K dimension, contiguous at any block_n."""
-    if kernel == "gmm_glu":
-        return 32 if activation == "gptoss" else 64
-    return 32 if kernel == "gmm_t" else 64

@@ -20,21 +20,12 @@ from L2 (compute-bound case); with few rows per expert, a narrow block_n spreads
 weights over all SMs (bandwidth-bound case). Triton needs power-of-2 blocks: K and N tails are
 masked.
 
-Tails (`BlockConfig.tail_m`). At ~128 rows per expert (T = 4096 in both workloads) about half the
-groups have a few rows past block_m, and a second visit for them streams the expert's whole weight
-slab again for a few-row dot. With tail_m the schedule gives such a group's last visit up to
-block_m + tail_m rows, and the program multiplies the extra rows by a second [tail_m, block_k] dot
-on the rhs blocks it already loaded; outputs are bit for bit those without the tail path. On the
-H200 at T = 4096, tail_m = 64 against 0 (benchmarks/results/2026-12-02_h200_session15/, one process,
-kernels alone): gate_up gpt-oss 1.305 against 1.497 ms, SwiGLU 2.754 against 3.042; dx (gmm_t)
-SwiGLU 2.642 against 2.915; down (plain gmm, gpt-oss, no bias) 0.674 against 0.698. At 256-512 rows
-per expert ("large") 16- and 32-row tails were no faster (session 13). No tail is 16 rows: the plain
-gmm with a 16-row tail (gpt-oss down without a bias: 128 x 256 tiles, 8 warps, row scale) wrote
-wrong rows, different from run to run, in the visit's main 128-row segment on the H200 (up to 5312
-rows in each of 8 runs, session 15; first seen in sessions 13-14), while its 32- and 64-row tails
-and the GLU and transposed kernels' 16- and 64-row tails were bit for bit exact, and interpret mode
-is exact: a fault of the compiled kernel whose cause was not found, so `BlockConfig` refuses tails
-under 32 rows.
+Tails (`BlockConfig.tail_m`). At ~128 rows per expert about half the groups have a few rows past
+block_m, and a second visit for them streams the expert's whole weight slab again for a few-row
+dot. With tail_m the schedule gives such a group's last visit up to block_m + tail_m rows, and the
+program multiplies the extra rows by a second [tail_m, block_k] dot on the rhs blocks it already
+loaded; outputs are bit for bit those without the tail path. `BlockConfig` refuses tails under 32
+rows: the plain gmm with a 16-row tail wrote wrong rows on the H200 (docs/reliability.md).
 """
 
 import functools
@@ -44,60 +35,12 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from moe_pallas import _backend, dispatch
+from moe_pallas import dispatch
 from moe_pallas.activations import glu
-from moe_pallas.kernels import config as _config
+from moe_pallas.kernels import _common
+from moe_pallas.kernels.config import BlockConfig
 
 _ACTIVATIONS = (None, "swiglu", "gptoss")
-# Row ids, group offsets, tile starts and column indices are int32 in the kernels and the
-# schedule, so no dimension may reach 2^31. Element counts may: Pallas computes pointer offsets in
-# int64 for any array over 2^32 bytes, and in int32 only below, where every array of 2- or 4-byte
-# elements has fewer than 2^31 elements (jax/_src/pallas/triton/lowering.py,
-# _compute_offsets_from_indices; tests/test_reliability.py runs gmm on the GPU past 2^31).
-MAX_DIM = 2**31 - 1
-
-
-def check_int32_sizes(kernel: str, **shapes: tuple[int, ...]) -> None:
-    """Raise a ValueError at trace time if a dimension is too large for the kernels' int32 indices."""
-    for name, shape in shapes.items():
-        if shape and max(shape) > MAX_DIM:
-            raise ValueError(
-                f"{kernel}: {name} of shape {tuple(shape)} has a dimension >= 2^31, past the "
-                "int32 row and column indices of the kernels; split the tokens into chunks (e.g. "
-                'jax.lax.map over token blocks) or use implementation="xla".'
-            )
-
-
-def grouped_dims(lhs, rhs, group_sizes, transpose_rhs: bool) -> tuple[int, int, int]:
-    """(G, K, N) of a grouped matmul lhs [M, K] x rhs [G, K, N] (or [G, N, K] transposed)."""
-    num_groups = rhs.shape[0]
-    k_dim, n_dim = (rhs.shape[2], rhs.shape[1]) if transpose_rhs else rhs.shape[1:]
-    if lhs.shape[1] != k_dim:
-        raise ValueError(f"lhs has K={lhs.shape[1]} columns but rhs contracts over K={k_dim}.")
-    if group_sizes.shape != (num_groups,):
-        raise ValueError(f"group_sizes must be [{num_groups}], got {group_sizes.shape}.")
-    return num_groups, k_dim, n_dim
-
-
-def clamp_group_sizes(group_sizes: jax.Array, num_rows: int) -> jax.Array:
-    """Group sizes made safe to schedule: negatives count as 0, and the running sum saturates at
-    num_rows (the trailing groups lose the rows past the end). Valid sizes pass unchanged.
-
-    Without this a negative size would move a group start below row 0 (out-of-bounds loads and
-    stores on the GPU) and a huge one would overflow the int32 cumulative sum.
-    """
-    return jnp.diff(clamp_group_ends(group_sizes, num_rows), prepend=jnp.zeros((1,), jnp.int32))
-
-
-def clamp_group_ends(group_sizes: jax.Array, num_rows: int) -> jax.Array:
-    """`[G]` int32 one-past-the-last row of each group of `clamp_group_sizes` (its cumulative
-    sum): the kernels' schedules start from these, so no second scan recomputes them."""
-    check_int32_sizes("grouped matmul", rows=(num_rows,))
-    sizes = jnp.clip(group_sizes.astype(jnp.int32), 0, num_rows)
-    if sizes.shape[0] * num_rows <= MAX_DIM:  # no partial sum of clipped sizes overflows int32
-        return jnp.minimum(dispatch.cumsum(sizes), num_rows)
-    # saturating cumsum min(a + b, num_rows), no int32 intermediate overflows (~10x the ops)
-    return jax.lax.associative_scan(lambda a, b: b + jnp.minimum(a, num_rows - b), sizes)
 
 
 def _and(a, b):
@@ -115,7 +58,7 @@ def _gmm_kernel(
     num_visits: int,
     k_dim: int,
     n_out: int,
-    cfg: _config.BlockConfig,
+    cfg: BlockConfig,
     gather: bool,
     transpose_rhs: bool,
     has_bias: bool,
@@ -124,7 +67,7 @@ def _gmm_kernel(
     compute_dtype,
 ):
     it = iter(refs)
-    group_ref, m_start_ref, row_start_ref, row_end_ref = (next(it) for _ in range(4))
+    group_ref, m_start_ref, row_end_ref = (next(it) for _ in range(3))
     row_index_ref = next(it) if gather else None
     lhs_ref, rhs_ref = next(it), next(it)
     bias_ref = next(it) if has_bias else None
@@ -143,7 +86,7 @@ def _gmm_kernel(
 
     g = group_ref[v]
     m0 = m_start_ref[v]
-    row_start, row_end = row_start_ref[v], row_end_ref[v]
+    row_start, row_end = m0, row_end_ref[v]  # a Triton visit stores from its tile's first row
     cols = n0 + jnp.arange(bn, dtype=jnp.int32)
     n_mask = cols < n_out if n_out % bn else None
     used = row_start < row_end
@@ -260,39 +203,36 @@ def gmm(
     group_sizes: jax.Array,
     *,
     lhs_row_index: jax.Array | None = None,
-    num_rows: int | None = None,
     transpose_rhs: bool = False,
     bias: jax.Array | None = None,
     activation: str | None = None,
     row_scale: jax.Array | None = None,
     out_dtype=None,
-    config: _config.BlockConfig | None = None,
+    config: BlockConfig | None = None,
 ) -> jax.Array:
     """Grouped matmul with in-kernel row gather and a fused epilogue (see the module docstring).
 
     lhs `[M_src, K]`; lhs_row_index `[M]` int32 (row m reads lhs[lhs_row_index[m]]), else M = M_src;
-    num_rows: static number of product rows M (default: all of them); rhs `[G, K, N]`
-    (`[G, N, K]` if transpose_rhs); group_sizes `[G]` int32; bias `[G, N]` in rhs's column layout;
-    activation None | "swiglu" | "gptoss" (then N = 2·N_out); row_scale `[M]`. Returns
-    `[M, N_out]` in out_dtype (default lhs.dtype).
+    rhs `[G, K, N]` (`[G, N, K]` if transpose_rhs); group_sizes `[G]` int32; bias `[G, N]` in rhs's column layout;
+    activation None | "swiglu" | "gptoss" (then N = 2·N_out); row_scale `[M]`; config: the
+    block sizes (default `BlockConfig()`; the backends pass the tuning table's, see
+    `moe_pallas.tuning`), fitted to the problem. Returns `[M, N_out]` in out_dtype (default
+    lhs.dtype).
     """
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation={activation!r} must be one of {_ACTIVATIONS}.")
     if lhs.ndim != 2 or rhs.ndim != 3:
         raise ValueError(f"gmm needs lhs [M, K] and rhs [G, K, N]; got {lhs.shape}, {rhs.shape}.")
-    num_groups, k_dim, n_dim = grouped_dims(lhs, rhs, group_sizes, transpose_rhs)
+    num_groups, k_dim, n_dim = _common.grouped_dims(lhs, rhs, group_sizes, transpose_rhs)
     if activation is not None and (transpose_rhs or n_dim % 2):
         raise ValueError("a GLU activation needs a non-transposed rhs with an even column count.")
     if bias is not None and bias.shape != (num_groups, n_dim):
         raise ValueError(f"bias must be [{num_groups}, {n_dim}], got {bias.shape}.")
     gather = lhs_row_index is not None
-    m_avail = lhs_row_index.shape[0] if gather else lhs.shape[0]
-    num_rows = m_avail if num_rows is None else num_rows
-    if num_rows > m_avail:
-        raise ValueError(f"num_rows={num_rows} exceeds the {m_avail} rows available.")
+    num_rows = lhs_row_index.shape[0] if gather else lhs.shape[0]
     if row_scale is not None and row_scale.shape[0] < num_rows:
         raise ValueError(f"row_scale must have {num_rows} entries, got {row_scale.shape}.")
-    check_int32_sizes(
+    _common.check_int32_sizes(
         "gmm", lhs=lhs.shape, rhs=rhs.shape, out=(num_rows, n_dim // 2 if activation else n_dim)
     )
     n_out = n_dim // 2 if activation else n_dim
@@ -312,16 +252,12 @@ def gmm(
             config=config,
         )
 
-    kernel_name = "gmm_t" if transpose_rhs else "gmm"
-    if config is None:
-        table_key = "gmm_glu" if activation else kernel_name
-        config = _config.pick(table_key, num_rows, num_groups, k_dim, n_out, activation)
-    cfg = config.fit(num_rows, k_dim, n_out)
-    sched = dispatch.schedule_from_ends(
-        clamp_group_ends(group_sizes, num_rows), num_rows, cfg.block_m, tail=cfg.tail_m
+    cfg = (config or BlockConfig()).fit(num_rows, k_dim, n_out)
+    sched = dispatch.tile_schedule(
+        _common.clamp_group_ends(group_sizes, num_rows), num_rows, cfg.block_m, tail=cfg.tail_m
     )
     num_visits = sched.group.shape[0]
-    operands = [sched.group, sched.m_start, sched.row_start, sched.row_end]
+    operands = [sched.group, sched.m_start, sched.row_end]
     if gather:
         operands.append(lhs_row_index.astype(jnp.int32))
     operands += [lhs, rhs]
@@ -348,6 +284,6 @@ def gmm(
         out_shape=jax.ShapeDtypeStruct((num_rows, n_out), out_dtype),
         grid=(num_visits * pl.cdiv(n_out, cfg.block_n),),
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-        interpret=_backend.interpret_mode(),
-        name=kernel_name,
+        interpret=_common.interpret_mode(),
+        name="gmm_t" if transpose_rhs else "gmm",
     )(*operands)

@@ -4,18 +4,14 @@ Math. Rows m in [0, M) are split into contiguous groups by `group_offsets` ([G +
 rows [offsets[g], offsets[g + 1])); src(m) = row_index[m] if given, else m. For a capacity C:
     slab[g, c] = src_rows[src(offsets[g] + c)]    for c < min(size_g, C), else 0    [G, C, D]
     sums[g]    = Σ_{m in g} src_rows[src(m)]       float32, every row of g, also those past C
-The slabs are the operands of `kernels.tgmm_padded`'s batched matmul, the sums its bias
-gradients. Rows past a group are never loaded (masked loads), so NaN there reaches nothing; the
+The slabs are the operands of the cublas_slab backend's batched matmul
+(`moe_pallas.backends.cublas_slab`), the sums its bias gradients. Rows past a group are never loaded (masked loads), so NaN there reaches nothing; the
 sums run in a fixed order (bitwise reproducible).
 
 Tiling. A 2-D grid over (block_d columns, group); each program walks its group's first C rows
 in block_c steps, storing each [block_c, block_d] tile (zeros past the group) and adding it to a
 float32 row of sums, then, with sums, the group's rows past C. One read of the rows and one write
-of the slab. On the H200 (gpt-oss train step at T = 2048, jax.profiler traces, 2026-12-01,
-benchmarks/results/2026-12-01_h200_session12/) the four slab kernels took 0.163 ms in all, where
-XLA's two fusions of the gathers, masks and sums over C had taken 0.200 ms (the lhs slabs' copies
-not counted) and the overflow call's ones column, not needed now that the sums cover every row,
-0.029 ms; the step's GPU span went from 5.650 to 5.570 ms (T = 4096: 7.316 to 7.228).
+of the slab, where XLA's fusions of the same gathers, masks and sums read the rows more than once.
 """
 
 import functools
@@ -26,8 +22,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from moe_pallas import _backend
-from moe_pallas.kernels import config as _config
+from moe_pallas.kernels import _common
 
 
 def _slab_kernel(*refs, cap, dim, bc, bd, gather, sums):
@@ -99,7 +94,7 @@ def slab(
     if num_groups == 0 or dim == 0:
         out = jnp.zeros(slab_shape.shape, slab_shape.dtype)
         return (out, jnp.zeros(sums_shape.shape, jnp.float32)) if sums else out
-    bc, bd = math.gcd(block_c, capacity), _config.pow2_block(block_d, dim)
+    bc, bd = math.gcd(block_c, capacity), _common.pow2_block(block_d, dim)
     gather = row_index is not None
     operands = [group_offsets.astype(jnp.int32)]
     operands += [row_index.astype(jnp.int32)] if gather else []
@@ -111,6 +106,6 @@ def slab(
         out_shape=(slab_shape, sums_shape) if sums else slab_shape,
         grid=(pl.cdiv(dim, bd), num_groups),
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=3),
-        interpret=_backend.interpret_mode(),
+        interpret=_common.interpret_mode(),
         name="slab",
     )(*operands, src_rows)

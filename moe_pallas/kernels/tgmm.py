@@ -8,10 +8,9 @@ rhs_sums, also `sums[g] = Σ_{m in g} rhs[m]` (`[N]`, float32; a bias gradient):
 with a column of ones at index K (padded to K + 8 columns, so rows stay 16-byte aligned), so the
 sums are row K of the product, computed by the same dots (in the K tail of the last k-tile, which
 is masked anyway when block_k does not divide K, else one more k-tile), and the programs of that
-k-tile store that row; no second pass over rhs. On the H200 (gpt-oss fwd+bwd at T = 2048,
-2026-12-01 traces) the layer took 62.03 ms per 10 steps this way against 63.12 with two separate
-sum kernels; setting the ones in the kernel instead (a select on every loaded lhs tile, which
-sends the dot operand through registers) made both weight-gradient calls 15% slower.
+k-tile store that row; no second pass over rhs. The ones are a copied column rather than set in
+the kernel: a select on every loaded lhs tile sends the dot operand through registers, which is
+slower (docs/decisions.md).
 
 Tiling. A 3-D grid (n-chunk, k-tile, group), n fastest so that the programs of one group run
 together and share its rows from L2. Each program owns `group_m` consecutive [block_k, block_n]
@@ -20,16 +19,14 @@ of them) loads its lhs tile once and loops over the tiles loading only rhs. Larg
 tiles in one loop over (tile, row step) pairs, the group's rows in block_m steps (a dynamic trip
 count; the last step is masked, the group start need not be aligned): with a few dozen rows per
 group a program per tile would be a two-step loop, all latency and no pipelining, so the chunk
-keeps loads in flight across tiles. K and N tails are masked. On the H200 the loads and the
-stores barely overlap (probes at gpt-oss d w_gate_up, T = 2048: the loop's loads and dots alone
-1.02 ms, its stores alone 1.00 ms, together 1.63 ms), so fewer loads pay: loading lhs once per
-one-step group took that case to 1.55 ms and d w_down from 0.86 to 0.81 ms (2026-12-01,
-benchmarks/results/2026-12-01_h200_session8/).
+keeps loads in flight across tiles. K and N tails are masked. On the H200 this kernel's loads
+and stores barely overlap, so fewer loads pay: a one-step group loads its lhs tile once.
 
 Overflow mode (`row_skip`, `accumulate`): each group's first row_skip rows are left out and the
 products (and sums) are added to given arrays, aliased to the outputs; a group with no rows left
 is not touched, so a call costs only the groups that have rows past row_skip. This is how
-`kernels.tgmm_padded` adds the rows of a group beyond its capacity.
+the cublas_slab backend (`moe_pallas.backends.cublas_slab`) adds the rows of a group beyond its
+capacity.
 """
 
 import functools
@@ -39,16 +36,15 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from moe_pallas import _backend
-from moe_pallas.kernels import config as _config
-from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_ends
+from moe_pallas.kernels import _common
+from moe_pallas.kernels.config import BlockConfig
 
 
 def _tgmm_kernel(
     *refs,
     k_dim: int,
     n_dim: int,
-    cfg: _config.BlockConfig,
+    cfg: BlockConfig,
     gather: bool,
     rhs_sums: bool,
     compute_dtype,
@@ -163,9 +159,8 @@ def tgmm(
     group_sizes: jax.Array,
     *,
     lhs_row_index: jax.Array | None = None,
-    num_groups: int | None = None,
     out_dtype=None,
-    config: _config.BlockConfig | None = None,
+    config: BlockConfig | None = None,
     rhs_sums: bool = False,
     row_skip: int = 0,
     accumulate: tuple[jax.Array, jax.Array | None] | None = None,
@@ -174,7 +169,7 @@ def tgmm(
     with rhs_sums also the `[G, N]` float32 per-group sums of rhs's rows (returns a pair).
 
     lhs `[M_src, K]` (row m read as lhs[lhs_row_index[m]] when lhs_row_index `[M]` is given, else
-    M_src = M); rhs `[M, N]`; group_sizes `[≥G]` int32 (the first num_groups are used, default all).
+    M_src = M); rhs `[M, N]`; group_sizes `[G]` int32.
     Overflow mode (module docstring): row_skip leaves each group's first rows out; accumulate =
     (out `[G, K, N]` in out_dtype, sums `[G, N]` float32 or None without rhs_sums) are the arrays
     the results are added to (donate them: they are aliased to the outputs).
@@ -188,10 +183,10 @@ def tgmm(
             f"tgmm contracts over rows: lhs{' row index' if gather else ''} and rhs "
             f"({rhs.shape[0]} rows) must have the same number of rows."
         )
-    num_groups = group_sizes.shape[0] if num_groups is None else num_groups
+    num_groups = group_sizes.shape[0]
     k_dim, n_dim = lhs.shape[1], rhs.shape[1]
     out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
-    check_int32_sizes("tgmm", lhs=lhs.shape, rhs=rhs.shape, out=(num_groups, k_dim, n_dim))
+    _common.check_int32_sizes("tgmm", lhs=lhs.shape, rhs=rhs.shape, out=(num_groups, k_dim, n_dim))
     if accumulate is not None:
         want = [((num_groups, k_dim, n_dim), out_dtype)]
         want += [((num_groups, n_dim), jnp.dtype(jnp.float32))] if rhs_sums else [None]
@@ -205,13 +200,11 @@ def tgmm(
             return accumulate if rhs_sums else accumulate[0]
         out = jnp.zeros((num_groups, k_dim, n_dim), out_dtype)
         return (out, jnp.zeros((num_groups, n_dim), jnp.float32)) if rhs_sums else out
-    cfg = (config or _config.pick("tgmm", num_rows, num_groups, k_dim, n_dim)).fit(
-        num_rows, k_dim + rhs_sums, n_dim
-    )
+    cfg = (config or BlockConfig()).fit(num_rows, k_dim + rhs_sums, n_dim)
     if rhs_sums:
         extra = jnp.zeros((lhs.shape[0], 8), lhs.dtype).at[:, 0].set(1)
         lhs = jnp.concatenate([lhs, extra], axis=1)
-    group_ends = clamp_group_ends(group_sizes[:num_groups], num_rows)
+    group_ends = _common.clamp_group_ends(group_sizes, num_rows)
     group_offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), group_ends])
     operands = [group_offsets]
     if gather:
@@ -246,6 +239,6 @@ def tgmm(
         ),
         input_output_aliases=aliases,
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
-        interpret=_backend.interpret_mode(),
+        interpret=_common.interpret_mode(),
         name="tgmm",
     )(*operands)

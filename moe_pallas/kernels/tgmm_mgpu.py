@@ -7,25 +7,19 @@ nothing. Same contract as `kernels.tgmm.tgmm` without its row gather.
 
 Schedule. At a few dozen rows per group (training at T = 2048) every output tile is one or two
 row boxes of work, so the kernel is bound by writing [G, K, N] and by latency, not by arithmetic.
-A persistent kernel (one CTA per SM; two with `ctas_per_sm=2`) therefore runs one TMA pipeline
-over all of its work instead of one per tile: CTA c owns the output tiles (k-tile, n-tile)
+A persistent kernel (one CTA per SM) therefore runs one TMA pipeline over all of its work
+instead of one per tile: CTA c owns the output tiles (k-tile, n-tile)
 p = c, c + C, c + 2C, ... of every group, and walks groups in order, for each group its tiles, for
 each tile the group's row boxes.
 The ring of `num_stages` shared-memory slots is refilled across tile and group boundaries, and a
 finished tile leaves through an asynchronous TMA store from one of two output buffers while the
 next tile's boxes are multiplied. All CTAs walk the groups at the same pace, so the rows being
-read are one group's, in L2. On the H200 (2026-12-01, benchmarks/results/2026-12-01_h200_session7/)
-this is correct but not yet fast: 1.4-1.8x the Triton kernel's time at T = 2048 (gpt-oss d
-w_gate_up 2.886 against 1.681 ms) and 1.1x at T = 16384, as one warpgroup in turn waits for the
-loads, masks, multiplies and issues the next loads. Two options help neither case on the H200
-(session 8, gpt-oss T = 2048, d w_gate_up / d w_down against Triton's 1.674 / 0.843 ms):
-`producer=True`, a warpgroup that walks the same boxes issuing the TMA loads, each slot handed
-back by the consumer through an "empty" barrier (64 x 64 x 256, 4 stages: 3.120 / 1.672 ms, 2.962
-/ 1.602 without); and `ctas_per_sm=2` (64 x 64 x 128, 3 stages: 2.336 / 1.891; with the producer
-too 3.472 / 1.777).
+read are one group's, in L2. Correct, but slower than the Triton kernel and cuBLAS at the layer's
+shapes (docs/decisions.md), so "auto" never picks it; `implementation="mosaic_gpu"` runs it.
 
-Row boxes. A box is block_m rows starting at a multiple of 8 (Mosaic GPU's tiled shared memory and
-TMA need it): box r of group g starts at its first row rounded down to 8, plus r·block_m. Rows of
+Row boxes (`dispatch.row_boxes`). A box is block_m rows starting at a multiple of 8 (Mosaic GPU's
+tiled shared memory and TMA need it): box r of group g starts at its first row rounded down to 8,
+plus r·block_m. Rows of
 a box outside the group (neighbours' rows, or rows an earlier box of the group covered, when the
 box is moved back to end inside the array) are zeroed in both shared-memory slots before the wgmma
 reads them, so other groups' values, NaN included, never reach this group. An empty group gets one
@@ -44,9 +38,9 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from moe_pallas import _backend
-from moe_pallas.kernels.gmm import check_int32_sizes, clamp_group_ends
-from moe_pallas.kernels.gmm_mgpu import DTYPES, fit_block, num_sms
+from moe_pallas import dispatch
+from moe_pallas.kernels import _common
+from moe_pallas.kernels.gmm_mgpu import DTYPES, fit_block
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,19 +49,12 @@ class TgmmMosaicConfig:
     block_k: int = 64  # output rows: the wgmma M of one warpgroup, 64
     block_n: int = 256  # output columns (the accumulator: block_k x block_n float32 registers)
     num_stages: int = 4  # shared-memory slots of the TMA ring, at least 2
-    # CTAs per SM of the persistent grid: 2 lets a second CTA's loads and wgmma overlap one CTA's
-    # masking and stores, if both fit in shared memory (each at most half of the 227 KiB).
-    ctas_per_sm: int = 1
-    # A producer warpgroup issues the TMA loads (slots handed back through "empty" barriers), so
-    # the consumer warpgroup only waits, masks, multiplies and stores.
-    producer: bool = False
 
     def fit(self, k: int, n: int) -> "TgmmMosaicConfig":
         """The largest block_k (block_n) of at most the configured size that divides K (N)."""
-        if self.block_m not in (64, 128) or self.num_stages < 2 or self.ctas_per_sm not in (1, 2):
+        if self.block_m not in (64, 128) or self.num_stages < 2:
             raise ValueError(
-                "tgmm_mgpu needs block_m in (64, 128), num_stages >= 2 and ctas_per_sm 1 or 2, "
-                f"got {self}."
+                f"tgmm_mgpu needs block_m in (64, 128) and num_stages >= 2, got {self}."
             )
         return dataclasses.replace(
             self,
@@ -105,7 +92,6 @@ def _kernel(
     o_smem,
     lhs_barriers,
     rhs_barriers,
-    empty_barriers,
     *,
     cfg: TgmmMosaicConfig,
     num_ctas: int,
@@ -206,54 +192,24 @@ def _kernel(
 
         return tile_loop
 
-    if not cfg.producer:
-        producer = start  # the box the ring loads next
-        for i in range(stages - 1):  # the ring's first stages - 1 boxes
+    producer = start  # the box the ring loads next
+    for i in range(stages - 1):  # the ring's first stages - 1 boxes
 
-            @pl.when(i < total_steps)
-            def _(producer=producer, i=i):
-                issue(producer, i)
+        @pl.when(i < total_steps)
+        def _(producer=producer, i=i):
+            issue(producer, i)
 
-            producer = advance(producer)
+        producer = advance(producer)
 
-        def refill(s, producer):  # box s - 1's slot takes the box stages - 1 ahead
-            @pl.when(s + stages - 1 < total_steps)
-            def _():
-                issue(producer, jax.lax.rem(s + stages - 1, stages))
+    def refill(s, producer):  # box s - 1's slot takes the box stages - 1 ahead
+        @pl.when(s + stages - 1 < total_steps)
+        def _():
+            issue(producer, jax.lax.rem(s + stages - 1, stages))
 
-            return advance(producer)
+        return advance(producer)
 
-        jax.lax.fori_loop(0, pairs * num_groups, consume(refill), (jnp.int32(0), producer))
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-        return
-
-    wg = jax.lax.axis_index("wg")
-
-    @pl.when(wg == 1)
-    def _producer():
-        def load(s, cursor):
-            slot = jax.lax.rem(s, stages)
-
-            @pl.when(s >= stages)
-            def _():  # the consumer has finished with this slot's previous box
-                plgpu.barrier_wait(empty_barriers.at[slot])
-
-            issue(cursor, slot)
-            return advance(cursor)
-
-        jax.lax.fori_loop(0, total_steps, load, start)
-
-    @pl.when(wg == 0)
-    def _consumer():
-        def hand_back(s, rest):  # box s - 1's slot is free, for box s + stages - 1 if there is one
-            @pl.when((s > 0) & (s + stages - 1 < total_steps))
-            def _():
-                plgpu.barrier_arrive(empty_barriers.at[jax.lax.rem(s + stages - 1, stages)])
-
-            return rest
-
-        jax.lax.fori_loop(0, pairs * num_groups, consume(hand_back), (jnp.int32(0), jnp.int32(0)))
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+    jax.lax.fori_loop(0, pairs * num_groups, consume(refill), (jnp.int32(0), producer))
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
 def tgmm(
@@ -268,8 +224,7 @@ def tgmm(
     GPU backend.
 
     lhs `[M, K]`, rhs `[M, N]`, group_sizes `[G]` int32. Returns `[G, K, N]` in out_dtype (default
-    lhs.dtype). Off GPU (`_backend.interpret_mode()`) it runs in Mosaic GPU interpret mode: slow,
-    for tests.
+    lhs.dtype). Off GPU it runs in Mosaic GPU interpret mode: slow, for tests.
     """
     if lhs.ndim != 2 or rhs.ndim != 2 or lhs.shape[0] != rhs.shape[0]:
         raise ValueError(
@@ -284,21 +239,19 @@ def tgmm(
         raise ValueError(f"group_sizes must be 1-D [G], got shape {group_sizes.shape}.")
     (num_rows, k_dim), n_dim = lhs.shape, rhs.shape[1]
     num_groups = group_sizes.shape[0]
-    check_int32_sizes("tgmm_mgpu", lhs=lhs.shape, rhs=rhs.shape, out=(num_groups, k_dim, n_dim))
+    _common.check_int32_sizes(
+        "tgmm_mgpu", lhs=lhs.shape, rhs=rhs.shape, out=(num_groups, k_dim, n_dim)
+    )
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     if num_groups == 0 or k_dim == 0 or n_dim == 0 or num_rows == 0:
         return jnp.zeros((num_groups, k_dim, n_dim), out_dtype)
     cfg = (config or TgmmMosaicConfig()).fit(k_dim, n_dim)
-    group_end = clamp_group_ends(group_sizes, num_rows)
-    group_start = jnp.concatenate([jnp.zeros((1,), jnp.int32), group_end[:-1]])
-    group_boxes = jnp.where(
-        group_end > group_start, -(-(group_end - (group_start // 8) * 8) // cfg.block_m), 1
-    ).astype(jnp.int32)
+    boxes = dispatch.row_boxes(_common.clamp_group_ends(group_sizes, num_rows), cfg.block_m)
     padded_rows = max(cfg.block_m, -(-num_rows // 8) * 8)  # boxes start at multiples of 8
     if padded_rows > num_rows:
         pad = ((0, padded_rows - num_rows), (0, 0))
         lhs, rhs = jnp.pad(lhs, pad), jnp.pad(rhs, pad)
-    num_ctas = cfg.ctas_per_sm * num_sms()
+    num_ctas = _common.num_sms()
     transforms = _transforms(cfg, lhs.dtype)
     bm, bk, bn, stages = cfg.block_m, cfg.block_k, cfg.block_n, cfg.num_stages
     return plgpu.kernel(
@@ -312,10 +265,15 @@ def tgmm(
             plgpu.SMEM((2, bk, bn), out_dtype),
             plgpu.Barrier(num_arrivals=1, num_barriers=stages),
             plgpu.Barrier(num_arrivals=1, num_barriers=stages),
-            plgpu.Barrier(num_arrivals=1, num_barriers=stages),  # empty slots (producer only)
         ],
-        **({"num_threads": 2, "thread_name": "wg"} if cfg.producer else {}),
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-        interpret=plgpu.InterpretGPUParams() if _backend.interpret_mode() else None,
+        interpret=plgpu.InterpretGPUParams() if _common.interpret_mode() else None,
         kernel_name="tgmm_mgpu",
-    )(jnp.sum(group_boxes, keepdims=True), group_start, group_end, group_boxes, lhs, rhs)
+    )(
+        jnp.sum(boxes.boxes, keepdims=True),
+        boxes.group_start,
+        boxes.group_end,
+        boxes.boxes,
+        lhs,
+        rhs,
+    )

@@ -1,0 +1,223 @@
+"""Backends: what computes each op, and the one `"auto"` policy every caller consults.
+
+A backend (`Backend`, one module each, one `REGISTRY` entry) provides the ops of the expert block,
+each with the contract of the Triton kernel of the same name (`moe_pallas.kernels`):
+
+    gmm(lhs, rhs, group_sizes, *, lhs_row_index, transpose_rhs, bias, activation, row_scale,
+        out_dtype)                                   out[m] = epilogue(lhs[src(m)] @ rhs[g(m)])
+    tgmm(lhs, rhs, group_sizes, *, lhs_row_index, out_dtype, rhs_sums)
+                                                     out[g] = Σ_{m in g} lhs[src(m)]ᵀ rhs[m]
+    combine(rows, pair_row, *, out_dtype)            out[t] = Σ_j rows[pair_row[t, j]]
+    glu_backward(h, g, row_weight, activation)       (dh, a, dw) of the GLU
+
+or, like "xla", a whole `experts` block of its own. `supports(problem)` says which calls it takes
+(dtypes, shapes), `auto_supports(problem)` which of those "auto" may give it, `available()` whether
+the target device runs it compiled; each backend picks its own config for a call
+(`moe_pallas.tuning`).
+
+The policy. `implementation=` names a policy, resolved once per call by `resolve`:
+- "pallas_triton", "xla": every op on that backend.
+- "mosaic_gpu": every gmm and tgmm that wgmma takes (one 16-bit dtype) on Mosaic GPU, the others
+  and the block's combine and GLU backward on Triton.
+- "auto": off GPU "xla". On a GPU each op runs on the first backend of `AUTO_CANDIDATES[op]` that
+  is available on the device, supports the call and has an entry for its (kernel, dtype, K, N,
+  rows class) in the tuning table; else on "pallas_triton". On the H200 that is Mosaic GPU for
+  the listed plain gmm shapes and "cublas_slab" (one batched cuBLAS matmul over capacity slabs)
+  for 16-bit weight gradients at more than 16 rows per group.
+`ragged_dot`, `tgmm`, the fused expert block and the expert-parallel path all call `gmm`, `tgmm`
+and `block_ops` below, so one policy decides for all of them.
+
+Adding a backend: a module here defining `BACKEND = Backend(...)`, and its name in `REGISTRY` (and
+in `AUTO_CANDIDATES` if "auto" may choose it, with tuning-table entries saying where).
+"""
+
+import dataclasses
+from collections.abc import Callable
+from typing import Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from moe_pallas import tuning
+
+Implementation = Literal["auto", "pallas_triton", "mosaic_gpu", "xla"]
+IMPLEMENTATIONS: tuple[str, ...] = ("auto", "pallas_triton", "mosaic_gpu", "xla")
+
+
+class Problem(NamedTuple):
+    """One grouped-matmul call as the policy sees it (static facts only)."""
+
+    kernel: str  # a `tuning.KERNELS` name: "gmm", "gmm_glu", "gmm_t" or "tgmm"
+    dtypes: tuple  # operand dtypes (lhs, rhs)
+    out_dtype: jnp.dtype
+    k: int  # contraction size
+    n: int  # output columns (a GLU's: half the weight columns)
+    num_rows: int
+    num_groups: int
+    gather: bool  # lhs read through a row index
+    fused_epilogue: bool  # bias or row scale in the epilogue
+
+    @property
+    def rows(self) -> str:
+        return tuning.rows_class(self.num_rows, self.num_groups)
+
+    @property
+    def dtype(self):
+        """The operands' dtype when they share one, else None."""
+        first = jnp.dtype(self.dtypes[0])
+        return first if all(jnp.dtype(d) == first for d in self.dtypes) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    name: str
+    gmm: Callable | None
+    tgmm: Callable | None
+    combine: Callable | None = None
+    glu_backward: Callable | None = None
+    experts: Callable | None = None  # a whole expert block (x, topk_idx, topk_weight, params, act)
+    supports: Callable[[Problem], bool] = lambda problem: True
+    # The calls "auto" may give it (default: those it supports): the tuning table's entries were
+    # measured on these.
+    auto_supports: Callable[[Problem], bool] | None = None
+    available: Callable[[], bool] = lambda: True
+
+
+def _registry() -> dict[str, Backend]:
+    from moe_pallas.backends import cublas_slab, mosaic_gpu, pallas_triton, xla
+
+    return {b.BACKEND.name: b.BACKEND for b in (pallas_triton, mosaic_gpu, cublas_slab, xla)}
+
+
+REGISTRY: dict[str, Backend] = {}
+# Backends "auto" may pick per op on a GPU, in order, before falling back to pallas_triton.
+AUTO_CANDIDATES: dict[str, tuple[str, ...]] = {
+    "gmm": ("mosaic_gpu",),
+    "gmm_glu": (),
+    "gmm_t": (),
+    "tgmm": ("cublas_slab",),
+}
+
+
+def get(name: str) -> Backend:
+    if not REGISTRY:
+        REGISTRY.update(_registry())
+    return REGISTRY[name]
+
+
+def resolve(implementation: str) -> str:
+    """Validate `implementation`; "auto" off GPU becomes "xla" (the Pallas kernels would run in
+    interpret mode there), an explicit Pallas backend off GPU runs in interpret mode (tests)."""
+    if implementation not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"implementation={implementation!r} is not one of {IMPLEMENTATIONS}; "
+            'use "auto" to let the platform decide.'
+        )
+    if implementation == "auto" and jax.default_backend() != "gpu":
+        return "xla"
+    return implementation
+
+
+def _gmm_kernel_name(activation, transpose_rhs) -> str:
+    return "gmm_glu" if activation else "gmm_t" if transpose_rhs else "gmm"
+
+
+def select(policy: str, problem: Problem) -> Backend:
+    """The backend that runs `problem` under a resolved policy (see the module docstring)."""
+    if policy in ("pallas_triton", "xla"):
+        return get(policy)
+    if policy == "mosaic_gpu":
+        mosaic = get("mosaic_gpu")
+        return mosaic if mosaic.supports(problem) else get("pallas_triton")
+    if policy != "auto":
+        raise ValueError(f"select: {policy!r} is not a resolved policy (see resolve).")
+    for name in AUTO_CANDIDATES[problem.kernel]:
+        backend = get(name)
+        takes = backend.auto_supports or backend.supports
+        if backend.available() and takes(problem):
+            entry = tuning.lookup(
+                name,
+                problem.kernel,
+                dtype=problem.dtype or problem.dtypes[0],
+                k=problem.k,
+                n=problem.n,
+                rows=problem.rows,
+            )
+            if entry is not None:
+                return backend
+    return get("pallas_triton")
+
+
+def gmm(
+    policy: str,
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    lhs_row_index: jax.Array | None = None,
+    transpose_rhs: bool = False,
+    bias: jax.Array | None = None,
+    activation: str | None = None,
+    row_scale: jax.Array | None = None,
+    out_dtype=None,
+) -> jax.Array:
+    """`kernels.gmm.gmm`'s contract on the backend the policy selects for this call."""
+    out_dtype = jnp.dtype(out_dtype or lhs.dtype)
+    n_dim = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    problem = Problem(
+        kernel=_gmm_kernel_name(activation, transpose_rhs),
+        dtypes=(lhs.dtype, rhs.dtype),
+        out_dtype=out_dtype,
+        k=lhs.shape[1],
+        n=n_dim // 2 if activation else n_dim,
+        num_rows=lhs.shape[0] if lhs_row_index is None else lhs_row_index.shape[0],
+        num_groups=rhs.shape[0],
+        gather=lhs_row_index is not None,
+        fused_epilogue=bias is not None or row_scale is not None,
+    )
+    return select(policy, problem).gmm(
+        lhs,
+        rhs,
+        group_sizes,
+        lhs_row_index=lhs_row_index,
+        transpose_rhs=transpose_rhs,
+        bias=bias,
+        activation=activation,
+        row_scale=row_scale,
+        out_dtype=out_dtype,
+    )
+
+
+def tgmm(
+    policy: str,
+    lhs: jax.Array,
+    rhs: jax.Array,
+    group_sizes: jax.Array,
+    *,
+    lhs_row_index: jax.Array | None = None,
+    out_dtype=None,
+    rhs_sums: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """`kernels.tgmm.tgmm`'s contract (with rhs_sums also the `[G, N]` float32 per-group sums of
+    rhs) on the backend the policy selects for this call."""
+    out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
+    problem = Problem(
+        kernel="tgmm",
+        dtypes=(lhs.dtype, rhs.dtype),
+        out_dtype=out_dtype,
+        k=lhs.shape[1],
+        n=rhs.shape[1],
+        num_rows=rhs.shape[0],
+        num_groups=group_sizes.shape[0],
+        gather=lhs_row_index is not None,
+        fused_epilogue=rhs_sums,
+    )
+    return select(policy, problem).tgmm(
+        lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, out_dtype=out_dtype, rhs_sums=rhs_sums
+    )
+
+
+def block_ops(policy: str) -> Backend:
+    """The backend whose combine and GLU backward the fused block uses under `policy` (the
+    kernels other than the matmuls have one implementation per kind: Triton, or xla's own)."""
+    return get("xla" if policy == "xla" else "pallas_triton")

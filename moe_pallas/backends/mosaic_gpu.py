@@ -1,0 +1,123 @@
+"""The mosaic_gpu backend: the grouped matmuls on Hopper's Mosaic GPU kernels (wgmma, TMA).
+
+What it takes: gmm and tgmm whose operands share one 16-bit float dtype (wgmma's inputs) and
+whose shapes it tiles (below); the policy gives other calls, and the block's combine and GLU backward, to pallas_triton. A row
+gather reads an XLA-gathered copy of lhs (Hopper's TMA cannot gather rows). tgmm's rhs_sums come
+from a Triton tgmm whose lhs is one dummy column, so its own [G, 1, N] product is negligible.
+Shapes: N and K multiples of 16 (gmm), K of 64 (tgmm); calls of other shapes run on Triton too.
+
+Config of a gmm: the tuning table's "mosaic_gpu" entry for the shape if there is one (the shapes
+where "auto" runs this backend), else `default_config`. "auto" gives it only plain gmm calls (no
+row gather, 16-bit output): its table entries were measured on those, and a float32 output
+doubles the tile's store buffer past the H200's shared memory at the entries' 4 stages.
+"""
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from moe_pallas import backends, tuning
+from moe_pallas.backends import pallas_triton
+from moe_pallas.kernels import _common
+from moe_pallas.kernels import gmm_mgpu as _gmm_mgpu
+from moe_pallas.kernels import tgmm_mgpu as _tgmm_mgpu
+from moe_pallas.kernels.gmm_mgpu import MIN_BLOCK_N, MosaicConfig
+
+
+def available() -> bool:
+    """Whether the target device is an sm90 GPU (H100/H200), where Mosaic GPU kernels compile."""
+    device = _common.target_device()
+    if device.platform != "gpu":
+        return False
+    capability = getattr(device, "compute_capability", None)
+    if capability is not None:
+        return capability == "9.0"
+    return any(name in device.device_kind for name in ("H100", "H200", "H800", "H20"))
+
+
+def supports(problem: backends.Problem) -> bool:
+    """One 16-bit dtype (wgmma's inputs) and the shapes its TMA boxes tile: K and N multiples of
+    16 for gmm, K of 64 (one warpgroup's wgmma M) and N of 16 for tgmm."""
+    if problem.dtype is None or problem.dtype not in _gmm_mgpu.DTYPES:
+        return False
+    k_unit = 64 if problem.kernel == "tgmm" else 16
+    return problem.k % k_unit == 0 and problem.n % 16 == 0
+
+
+def auto_supports(problem: backends.Problem) -> bool:
+    return supports(problem) and not problem.gather and jnp.dtype(problem.out_dtype).itemsize == 2
+
+
+def default_config(
+    num_rows: int, num_groups: int, n_out: int, activation: str | None
+) -> MosaicConfig:
+    """128 x 128 tiles (a GLU: 128 x 64 outputs, as its tile reads 2·block_n weight columns); for
+    decode (rows class "tiny", at most 16 rows per group) 64-row tiles (one wgmma M), block_n
+    narrowed towards 4 (visit, n-tile) pairs per SM but not below MIN_BLOCK_N, and 8 stages, as
+    each holds a few KiB, to keep more bytes in flight (6 for gpt-oss's GLU, whose split gate and
+    up halves take shared memory too: 8 exceed the H200's 227 KiB)."""
+    cfg = MosaicConfig(block_n=64 if activation else 128)  # the kernel's own default
+    if tuning.rows_class(num_rows, num_groups) != "tiny":
+        return cfg
+    block_n = pallas_triton.spread_block_n(
+        cfg.block_n, n_out, num_rows, num_groups, MIN_BLOCK_N, 4 * tuning.policy_sms()
+    )
+    stages = 6 if activation == "gptoss" else 8
+    return dataclasses.replace(cfg, block_m=64, block_n=block_n, num_stages=stages)
+
+
+def config(lhs, rhs, transpose_rhs, activation, num_rows) -> MosaicConfig:
+    num_groups = rhs.shape[0]
+    n_dim = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    n_out = n_dim // 2 if activation else n_dim
+    kernel = "gmm_glu" if activation else "gmm_t" if transpose_rhs else "gmm"
+    entry = tuning.lookup(
+        "mosaic_gpu",
+        kernel,
+        dtype=lhs.dtype,
+        k=lhs.shape[1],
+        n=n_out,
+        rows=tuning.rows_class(num_rows, num_groups),
+    )
+    if entry is not None:
+        return MosaicConfig(**entry)
+    return default_config(num_rows, num_groups, n_out, activation)
+
+
+def gmm(
+    lhs, rhs, group_sizes, *, lhs_row_index=None, transpose_rhs=False, activation=None, **epilogue
+):
+    if lhs_row_index is not None:
+        lhs = lhs[lhs_row_index]
+    cfg = config(lhs, rhs, transpose_rhs, activation, lhs.shape[0])
+    return _gmm_mgpu.gmm(
+        lhs,
+        rhs,
+        group_sizes,
+        transpose_rhs=transpose_rhs,
+        activation=activation,
+        config=cfg,
+        **epilogue,
+    )
+
+
+def tgmm(lhs, rhs, group_sizes, *, lhs_row_index=None, out_dtype=None, rhs_sums=False):
+    gathered = lhs if lhs_row_index is None else lhs[lhs_row_index]
+    out = _tgmm_mgpu.tgmm(gathered, rhs, group_sizes, out_dtype=out_dtype)
+    if not rhs_sums:
+        return out
+    dummy, row0 = jnp.zeros((1, 1), rhs.dtype), jnp.zeros((rhs.shape[0],), jnp.int32)
+    sums = pallas_triton.tgmm(dummy, rhs, group_sizes, lhs_row_index=row0, rhs_sums=True)[1]
+    return out, sums
+
+
+BACKEND = backends.Backend(
+    name="mosaic_gpu",
+    gmm=gmm,
+    tgmm=tgmm,
+    combine=pallas_triton.combine,
+    glu_backward=pallas_triton.glu_backward,
+    supports=supports,
+    auto_supports=auto_supports,
+    available=available,
+)

@@ -1,0 +1,125 @@
+"""The pallas_triton backend: every op on the Pallas Triton kernels, block sizes from the table.
+
+Config of a call: the tuning table's "pallas_triton" entry for (kernel, dtype, K, N, rows class)
+(`moe_pallas.tuning`), fitted to the problem, with block_n then narrowed by `spread_block_n` for
+the gmm kernels: with few rows each hit expert's weights must be split over every SM to stream at
+full bandwidth (at T = 1, 4 experts x 45 column tiles would leave SMs idle).
+"""
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from moe_pallas import backends, tuning
+from moe_pallas.kernels.combine import combine
+from moe_pallas.kernels.config import BlockConfig
+from moe_pallas.kernels.glu_bwd import glu_backward
+from moe_pallas.kernels.gmm import gmm as _gmm
+from moe_pallas.kernels.tgmm import tgmm as _tgmm
+
+PROGRAMS_PER_SM = 4  # (row tile, column tile) pairs per SM that keep every SM streaming weights
+
+
+def spread_block_n(
+    block_n: int, n: int, num_rows: int, num_groups: int, min_block_n: int, programs: int
+) -> int:
+    """block_n halved (not below min_block_n) until the min(rows, groups) experts hit have
+    `programs` (row tile, column tile) pairs."""
+    while block_n > min_block_n and min(num_rows, num_groups) * -(-n // block_n) < programs:
+        block_n //= 2
+    return block_n
+
+
+def min_block_n(kernel: str, activation: str | None = None) -> int:
+    """The narrowest block_n `config` spreads to: a tile's rows of weights stay at least 64
+    columns (128 bf16 bytes) contiguous, as narrower tiles streamed the weights slower on the
+    H200 in spite of more programs. gpt-oss's GLU reads its gate and up columns interleaved,
+    2·block_n contiguous; SwiGLU's reads two blocks of block_n. gmm_t reads rows of the weights'
+    K dimension, contiguous at any block_n."""
+    if kernel == "gmm_glu":
+        return 32 if activation == "gptoss" else 64
+    return 32 if kernel == "gmm_t" else 64
+
+
+def config(
+    kernel: str, dtype, num_rows: int, num_groups: int, k: int, n: int, activation=None
+) -> BlockConfig:
+    """The block config of one call (module docstring)."""
+    entry = tuning.lookup(
+        "pallas_triton", kernel, dtype=dtype, k=k, n=n, rows=tuning.rows_class(num_rows, num_groups)
+    )
+    cfg = BlockConfig(**entry) if entry is not None else BlockConfig()
+    cfg = cfg.fit(num_rows, k, n)
+    if kernel != "tgmm":
+        programs = PROGRAMS_PER_SM * tuning.policy_sms()
+        block_n = spread_block_n(
+            cfg.block_n, n, num_rows, num_groups, min_block_n(kernel, activation), programs
+        )
+        cfg = dataclasses.replace(cfg, block_n=block_n)
+    return cfg
+
+
+def gmm(
+    lhs,
+    rhs,
+    group_sizes,
+    *,
+    lhs_row_index=None,
+    transpose_rhs=False,
+    activation=None,
+    out_dtype=None,
+    **epilogue,
+):
+    num_rows = lhs.shape[0] if lhs_row_index is None else lhs_row_index.shape[0]
+    n_dim = rhs.shape[1] if transpose_rhs else rhs.shape[2]
+    kernel = "gmm_glu" if activation else "gmm_t" if transpose_rhs else "gmm"
+    cfg = config(
+        kernel,
+        jnp.promote_types(lhs.dtype, rhs.dtype),
+        num_rows,
+        rhs.shape[0],
+        lhs.shape[1],
+        n_dim // 2 if activation else n_dim,
+        activation,
+    )
+    return _gmm(
+        lhs,
+        rhs,
+        group_sizes,
+        lhs_row_index=lhs_row_index,
+        transpose_rhs=transpose_rhs,
+        activation=activation,
+        out_dtype=out_dtype,
+        config=cfg,
+        **epilogue,
+    )
+
+
+def tgmm(lhs, rhs, group_sizes, *, lhs_row_index=None, out_dtype=None, rhs_sums=False, **kwargs):
+    cfg = config(
+        "tgmm",
+        jnp.promote_types(lhs.dtype, rhs.dtype),
+        rhs.shape[0],
+        group_sizes.shape[0],
+        lhs.shape[1],
+        rhs.shape[1],
+    )
+    return _tgmm(
+        lhs,
+        rhs,
+        group_sizes,
+        lhs_row_index=lhs_row_index,
+        out_dtype=out_dtype,
+        rhs_sums=rhs_sums,
+        config=cfg,
+        **kwargs,
+    )
+
+
+BACKEND = backends.Backend(
+    name="pallas_triton",
+    gmm=gmm,
+    tgmm=tgmm,
+    combine=combine,
+    glu_backward=glu_backward,
+)

@@ -1,0 +1,105 @@
+"""The xla backend: `jax.lax.ragged_dot` and plain JAX, on every platform.
+
+On CPU this is what "auto" runs. On a GPU XLA lowers `ragged_dot` to a dense masked matmul (every
+row times every expert): slow, and out of memory at large T; the Pallas backends exist for that.
+
+The expert block here is its own function (`experts`), differentiated by JAX: matmuls accumulate
+in float32 (float64 inputs keep float64, for gradient checks), bias, activation and routing
+weight in float32, the activation stored in x's dtype as the fused kernels store it, each token's
+k rows summed in float32.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from moe_pallas import backends, dispatch
+from moe_pallas.activations import glu, split_gate_up
+
+
+def gmm(
+    lhs,
+    rhs,
+    group_sizes,
+    *,
+    lhs_row_index=None,
+    transpose_rhs=False,
+    bias=None,
+    activation=None,
+    row_scale=None,
+    out_dtype=None,
+):
+    out_dtype = jnp.dtype(out_dtype or lhs.dtype)
+    if lhs_row_index is not None:
+        lhs = lhs[lhs_row_index]
+    rhs = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
+    if bias is None and activation is None and row_scale is None:
+        return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=out_dtype)
+    acc = jnp.promote_types(out_dtype, jnp.float32)
+    out = jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=acc)
+    ends = jnp.cumsum(group_sizes.astype(jnp.int32))
+    row_group = jnp.searchsorted(ends, jnp.arange(lhs.shape[0]), side="right")
+    routed = row_group < rhs.shape[0]
+    if bias is not None:
+        out = out + jnp.where(routed[:, None], bias.astype(acc)[row_group], 0)
+    if activation is not None:
+        out = glu(*split_gate_up(out, activation), activation)
+    if row_scale is not None:
+        out = out * row_scale[: lhs.shape[0]].astype(acc)[:, None]
+    return jnp.where(routed[:, None], out, 0).astype(out_dtype)
+
+
+def tgmm(lhs, rhs, group_sizes, *, lhs_row_index=None, out_dtype=None, rhs_sums=False):
+    out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
+    if lhs_row_index is not None:
+        lhs = lhs[lhs_row_index]
+    dims = jax.lax.RaggedDotDimensionNumbers(
+        dot_dimension_numbers=(([0], [0]), ([], [])),
+        lhs_ragged_dimensions=[0],
+        rhs_group_dimensions=[],
+    )
+    out = jax.lax.ragged_dot_general(
+        lhs, rhs, group_sizes, dims, preferred_element_type=out_dtype
+    ).astype(out_dtype)
+    if not rhs_sums:
+        return out
+    ones = jnp.ones((rhs.shape[0], 1), rhs.dtype)
+    sums = jax.lax.ragged_dot_general(
+        ones, rhs, group_sizes, dims, preferred_element_type=jnp.float32
+    )[:, 0]
+    return out, sums
+
+
+def combine(rows, pair_row, *, out_dtype=None):
+    """out[t] = Σ_j rows[pair_row[t, j]] in float32, j ascending; a negative entry adds nothing."""
+    out = jnp.zeros((pair_row.shape[0], rows.shape[1]), jnp.float32)
+    for j in range(pair_row.shape[1]):
+        r = pair_row[:, j]
+        out += jnp.where((r >= 0)[:, None], rows[jnp.maximum(r, 0)], 0).astype(jnp.float32)
+    return out.astype(out_dtype or rows.dtype)
+
+
+def experts(x, topk_idx, topk_weight, params, activation):
+    """The expert block (`moe_pallas.moe_experts`) in plain JAX; arguments validated."""
+    num_tokens, top_k = topk_idx.shape
+    num_experts = params["w_gate_up"].shape[0]
+    d = dispatch.dispatch(topk_idx, num_experts)
+    x_sorted = x[d.row_token]
+    acc = jnp.promote_types(x.dtype, jnp.float32)  # float64 inputs keep float64 (gradient checks)
+    h = jax.lax.ragged_dot(x_sorted, params["w_gate_up"], d.group_sizes, preferred_element_type=acc)
+    row_valid = d.row_expert < num_experts
+    row_expert = jnp.where(row_valid, d.row_expert, 0)
+    if "b_gate_up" in params:
+        h = h + params["b_gate_up"].astype(acc)[row_expert]
+    a = glu(*split_gate_up(h, activation), activation).astype(x.dtype)
+    y = jax.lax.ragged_dot(a, params["w_down"], d.group_sizes, preferred_element_type=acc)
+    if "b_down" in params:
+        y = y + params["b_down"].astype(acc)[row_expert]
+    row_weight = jnp.where(row_valid, topk_weight.reshape(-1)[d.row_pair].astype(acc), 0)
+    y = jnp.where(row_valid[:, None], y * row_weight[:, None], 0)
+    out = jnp.sum(y[d.pair_row].reshape(num_tokens, top_k, -1), axis=1)
+    return out.astype(x.dtype)
+
+
+BACKEND = backends.Backend(
+    name="xla", gmm=gmm, tgmm=tgmm, combine=combine, glu_backward=None, experts=experts
+)
