@@ -186,7 +186,7 @@ def test_peer_layer_glue_matches_reference():
 def _synthetic_run(folder: Path) -> dict:
     """A results.json as benchmarks.run writes it: two suites, a skipped and a failed cell."""
     meta = {
-        "date": "2000-01-01T00:00:00Z",
+        "date": "1999-12-31T00:00:00Z",
         "device": "NVIDIA H200",
         "platform": "gpu",
         "commit": "0123456789abcdef0123456789abcdef01234567",
@@ -248,7 +248,7 @@ def test_readme_and_performance_page_come_from_the_results_folder(tmp_path):
     assert "| gptoss/fwd/T=4096 | 128 | 1.2 | 3 (40%) | 1.5 (80%) | — |" in body
     assert "- tokamax (error), e.g. gptoss/fwd/T=4096: ValueError: tiling 8" in body
     assert "median" in body and "experts the case's routing hits" in body
-    assert "2000-01-01" not in body + text  # the run is named by its commit, not a date
+    assert "1999-12-31" not in body + text  # the run is named by its commit, not a date
     readme.update(results, page, performance)  # regenerating changes nothing
     assert page.read_text() == text and performance.read_text() == body
     page.write_text("no markers")
