@@ -308,7 +308,7 @@ def trip_output(trip: _RoundTrip, pair_shape: tuple[int, int], use_kernel: bool)
 def round_trip_fn(
     exchange: str, capacity_factor: float | None, mesh_axes: tuple[str, ...], use_kernel: bool
 ):
-    """The exchange round trip `moe_experts` runs (benchmarks/bench_ep.py times it alone);
+    """The exchange round trip `moe_experts` runs;
     use_kernel: the token <-> slot gather-sums run the Pallas combine kernel, else XLA."""
     if exchange == "ragged":
         fn = _ragged_round_trip
