@@ -21,9 +21,7 @@ SIZES = [30, 0, 50, 13]  # ragged, an empty group, 3 rows past the groups (store
 
 
 @pytest.mark.parametrize("backend", GMM_BACKENDS)
-@pytest.mark.parametrize(
-    "variant", ["plain", "gather", "transposed", "epilogue", "swiglu", "gptoss"]
-)
+@pytest.mark.parametrize("variant", ["plain", "gather", "transposed", "swiglu", "gptoss"])
 def test_gmm_contract(backend, variant):
     rng = np.random.default_rng(len(variant))
     num_rows, k, n, g = sum(SIZES) + 3, 64, 128, len(SIZES)
@@ -35,7 +33,7 @@ def test_gmm_contract(backend, variant):
     kwargs = {"transpose_rhs": transpose, "activation": activation}
     if variant == "gather":
         kwargs["lhs_row_index"] = jnp.asarray(rng.integers(0, 20, num_rows), jnp.int32)
-    if variant in ("epilogue", "swiglu", "gptoss"):
+    if variant in ("gather", "swiglu", "gptoss"):
         kwargs["bias"] = jnp.asarray(rng.standard_normal((g, n)), BF16)
         kwargs["row_scale"] = jnp.asarray(rng.random(num_rows) + 0.5, jnp.float32)
     sizes = jnp.asarray(SIZES, jnp.int32)
@@ -74,25 +72,24 @@ def test_tgmm_contract(backend, gather, rhs_sums):
         assert rel_err(sums, want) < 1e-5
 
 
-BLOCK_CASES = [  # (activation, dtype, T, H, I, E, k, mode); Mosaic GPU needs multiples of 16
-    ("gptoss", jnp.bfloat16, 13, 64, 64, 6, 4, "masked"),
-    ("swiglu", jnp.bfloat16, 1, 64, 32, 4, 2, "random"),  # T = 1
-    ("swiglu", jnp.float32, 24, 32, 48, 4, 2, "hot"),  # float32: Mosaic GPU falls back
-]
-
-
 @pytest.mark.parametrize("implementation", ["pallas_triton", "mosaic_gpu", "xla"])
-@pytest.mark.parametrize("activation,dtype,t,h,i,e,k,mode", BLOCK_CASES)
-def test_expert_block_matches_reference(implementation, activation, dtype, t, h, i, e, k, mode):
-    rng = np.random.default_rng(t + h)
-    x, idx, w, params = _problem(rng, activation, t, h, i, e, k, dtype, mode)
+@pytest.mark.parametrize("activation,mode", [("gptoss", "masked"), ("swiglu", "empty")])
+def test_expert_block_matches_reference(implementation, activation, mode):
+    """The expert block, forward and gradients, under each implementation: bf16, H and I
+    multiples of 64 (Mosaic GPU tiles them), M = 39 rows (not a multiple of the 8-row TMA boxes),
+    ids out of range or experts left empty. The oracle rounds h to bf16 like the kernels."""
+    rng = np.random.default_rng(len(activation) + len(implementation))
+    x, idx, w, params = _problem(rng, activation, 13, 128, 64, 8, 3, BF16, mode)
     cotangent = jnp.asarray(rng.standard_normal(x.shape), jnp.float32)
     layer = lambda x, w, p: moe_experts(
         x, idx, w, p, activation=activation, implementation=implementation
     )
-    (_, grads), out = _loss_and_grads(layer, x, w, params, cotangent), layer(x, w, params)
-    h_dtype = None if implementation == "xla" else dtype
-    ref_out, ref_grads = _reference64(activation, x, idx, w, params, cotangent, h_dtype=h_dtype)
-    assert out.dtype == dtype and rel_err_finite(out, ref_out) < TOL[dtype]
+    out = jax.jit(layer)(x, w, params)
+    _, grads = jax.jit(lambda *a: _loss_and_grads(layer, *a, cotangent))(x, w, params)
+    h_dtype = None if implementation == "xla" else BF16
+    ref, ref_grads = _reference64(activation, x, idx, w, params, cotangent, h_dtype=h_dtype)
+    assert out.dtype == x.dtype and rel_err_finite(out, ref) < TOL[BF16]
     for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
-        assert rel_err_finite(got, want) < GRAD_TOL[dtype]
+        assert rel_err_finite(got, want) < GRAD_TOL[BF16]
+    if mode == "masked":  # slots with an out-of-range expert get exactly zero gradient
+        assert np.all(np.asarray(grads[1])[np.asarray(idx) >= 8] == 0)
