@@ -307,7 +307,16 @@ def test_autotune_writes_entries_that_the_table_looks_up(tmp_path):
     package_table = tuning.TABLE_PATH.read_bytes()
     table, log = _table_copy(tmp_path), tmp_path / "log.json"
     before = json.loads(table.read_text())["devices"]["NVIDIA H200"]["entries"]
-    argv = ["--small", "--classes", "small", "--write", "--table", str(table)]
+    argv = [
+        "--small",
+        "--classes",
+        "small",
+        "--workloads",
+        "gptoss",
+        "--write",
+        "--table",
+        str(table),
+    ]
     entries = autotune_gmm.main([*argv, "--device", "NVIDIA H200", "--log", str(log)])
     assert sorted(e["kernel"] for e in entries) == sorted(tuning.KERNELS)
     candidates = [dataclasses.asdict(c) for c in autotune_gmm.SMALL_CANDIDATES]
