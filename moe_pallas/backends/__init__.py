@@ -118,7 +118,7 @@ def resolve(implementation: str) -> str:
     return implementation
 
 
-def _gmm_kernel_name(activation, transpose_rhs) -> str:
+def gmm_kernel_name(activation, transpose_rhs) -> str:
     return "gmm_glu" if activation else "gmm_t" if transpose_rhs else "gmm"
 
 
@@ -165,7 +165,7 @@ def gmm(
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     n_dim = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     problem = Problem(
-        kernel=_gmm_kernel_name(activation, transpose_rhs),
+        kernel=gmm_kernel_name(activation, transpose_rhs),
         dtypes=(lhs.dtype, rhs.dtype),
         out_dtype=out_dtype,
         k=lhs.shape[1],

@@ -70,7 +70,7 @@ def config(lhs, rhs, transpose_rhs, activation, num_rows) -> MosaicConfig:
     num_groups = rhs.shape[0]
     n_dim = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     n_out = n_dim // 2 if activation else n_dim
-    kernel = "gmm_glu" if activation else "gmm_t" if transpose_rhs else "gmm"
+    kernel = backends.gmm_kernel_name(activation, transpose_rhs)
     entry = tuning.lookup(
         "mosaic_gpu",
         kernel,

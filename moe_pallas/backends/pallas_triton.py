@@ -72,7 +72,7 @@ def gmm(
 ):
     num_rows = lhs.shape[0] if lhs_row_index is None else lhs_row_index.shape[0]
     n_dim = rhs.shape[1] if transpose_rhs else rhs.shape[2]
-    kernel = "gmm_glu" if activation else "gmm_t" if transpose_rhs else "gmm"
+    kernel = backends.gmm_kernel_name(activation, transpose_rhs)
     cfg = config(
         kernel,
         jnp.promote_types(lhs.dtype, rhs.dtype),
