@@ -101,17 +101,22 @@ def suite_cases(suite: str, *, small: bool = False) -> list[Case]:
             ("swiglu256", 8192),
         ]
         return [Case(suite, wl[w], scale(t), "train") for w, t in (pairs[::2] if small else pairs)]
+    # gmm: one grouped matmul of each projection at T = 2048 and at 65536 rows (T·k = 65536:
+    # the compute-bound micro-benchmark), gate_up at T = 1, the weight gradient at T = 2048.
+    big = {w: 65536 // wl[w].top_k for w in wl}
     cases = [
         Case(suite, wl[w], scale(t), mode, proj)
         for w in wl
         for t, mode, proj in [
             (2048, "gmm", "gate_up"),
             (2048, "gmm", "down"),
+            (big[w], "gmm", "gate_up"),
+            (big[w], "gmm", "down"),
             (1, "gmm", "gate_up"),
             (2048, "tgmm", "gate_up"),
         ]
     ]
-    return [cases[i] for i in (0, 3, 4, 7)] if small else cases
+    return [cases[i] for i in (0, 5, 6, 11)] if small else cases
 
 
 def make_params(workload: Workload, dtype=jnp.bfloat16, seed: int = 0) -> dict[str, jax.Array]:

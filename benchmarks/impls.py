@@ -14,6 +14,9 @@ routing weights); gmm/tgmm cases time one grouped matmul.
   tokamax               plain JAX glue around `tokamax.ragged_dot(implementation="mosaic")`.
   torch._grouped_mm     the same glue in PyTorch around `torch._grouped_mm`, combine by index_add_.
   torch_loop            a loop over experts with `index_add_` (slow; not in the default set).
+  cublas_line           the yardstick: the case's matmul work as cuBLAS batched dots with perfect
+                        balance, no gather, activation, scatter or routing (`_line_matmuls`);
+                        the faster of torch.bmm and XLA's batched dot_general, timed here.
 """
 
 import dataclasses
@@ -43,6 +46,7 @@ class Prepared:
     peak_bytes: float | None  # device memory of one step (jax: compiled arguments+outputs+temps)
     compile_s: float
     output: Callable[[Any], jax.Array | None]  # the comparable output of a step (fwd/gmm), or None
+    note: str = ""  # what ran, where an implementation picks among variants (the row's message)
 
 
 # ---------------------------------------------------------------- jax side
@@ -349,14 +353,149 @@ def _prepare_torch_loop(case: Case, inputs: dict) -> Prepared:
     return _torch_prepare(case, inputs, _torch_loop_layer(torch, case.workload.activation), torch)
 
 
+# ---------------------------------------------------------------- the cuBLAS line
+
+
+def _line_matmuls(case: Case, hit: int) -> list[tuple[int, int, int, int, str]]:
+    """The line's batched matmuls (batch, m, k, n, kind): the case's matmuls over the `hit`
+    experts its routing reaches, its M = T·k rows split evenly (m = ⌈M / hit⌉ rows each).
+    Kinds: "nn" is A[b, m, k] @ B[b, k, n] (a projection X @ W); "nt" is A[b, m, k] @ B[b, n, k]ᵀ
+    (its input gradient dY @ Wᵀ, listed with k and n swapped); "tn" is A[b, m, k]ᵀ @ B[b, m, n]
+    (its weight gradient Xᵀ @ dY).
+    Forward: 2 matmuls (gate_up, down); train: 6 (each with its two gradients); gmm: 1; tgmm: the
+    one "tn"."""
+    w = case.workload
+    if case.mode in ("gmm", "tgmm"):
+        m, k, n = case.gmm_shape()
+        return [(hit, -(-m // hit), k, n, "nn" if case.mode == "gmm" else "tn")]
+    rows = -(-case.tokens * w.top_k // hit)
+    out = []
+    for k, n in ((w.hidden, 2 * w.inter), (w.inter, w.hidden)):
+        out.append((hit, rows, k, n, "nn"))
+        if case.mode == "train":
+            out += [(hit, rows, n, k, "nt"), (hit, rows, k, n, "tn")]
+    return out
+
+
+def _line_operands(matmuls, dtype, seed):
+    """Random operands per matmul: (a, b) with the shapes its kind multiplies."""
+    key = jax.random.key(seed)
+    operands = []
+    for i, (b, m, k, n, kind) in enumerate(matmuls):
+        ka, kb = jax.random.split(jax.random.fold_in(key, i))
+        a_shape, b_shape = {
+            "nn": ((b, m, k), (b, k, n)),
+            "nt": ((b, m, k), (b, n, k)),
+            "tn": ((b, m, k), (b, m, n)),
+        }[kind]
+        operands.append(
+            (
+                jax.random.normal(ka, a_shape, dtype) * k**-0.5,
+                jax.random.normal(kb, b_shape, dtype),
+            )
+        )
+    return operands
+
+
+_LINE_DIMS = {  # dot_general dimension numbers per kind: ((contract), (batch))
+    "nn": (((2,), (1,)), ((0,), (0,))),
+    "nt": (((2,), (2,)), ((0,), (0,))),
+    "tn": (((1,), (1,)), ((0,), (0,))),
+}
+
+
+def _line_xla(matmuls, operands) -> Prepared:
+    kinds = [kind for *_, kind in matmuls]
+
+    def step(operands):
+        return [
+            jax.lax.dot_general(a, b, _LINE_DIMS[kind]) for kind, (a, b) in zip(kinds, operands)
+        ]
+
+    return _prepare_jax(step, (operands,), train_output=True)
+
+
+def _line_torch(matmuls, operands, torch) -> Prepared:
+    ops = []
+    for (*_, kind), (a, b) in zip(matmuls, operands):
+        a, b = torch.from_dlpack(a), torch.from_dlpack(b)
+        a = a.transpose(1, 2) if kind == "tn" else a
+        b = b.transpose(1, 2) if kind == "nt" else b
+        ops.append((a, b))
+
+    def fn():
+        return [torch.bmm(a, b) for a, b in ops]
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return Prepared(
+        call=fn,
+        wait=lambda _: torch.cuda.synchronize(),
+        peak_bytes=None,
+        compile_s=time.perf_counter() - start,
+        output=lambda out: None,
+    )
+
+
+def _quick_seconds(prep: Prepared, calls: int = 5, repeats: int = 3) -> float:
+    """Best of `repeats` bursts of `calls` back-to-back calls: enough to rank two variants."""
+    prep.wait(prep.call())
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            last = prep.call()
+        prep.wait(last)
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best
+
+
+def _prepare_line(case: Case, inputs: dict) -> Prepared:
+    """The cuBLAS line of a case: XLA's batched dot and, where torch has CUDA, torch.bmm; the
+    faster of the two (XLA's ran 5-10% slower than torch.bmm on some of these shapes on an H200)."""
+    hit = int(
+        jnp.sum(
+            jnp.zeros((case.workload.experts,), bool).at[inputs["topk_idx"].reshape(-1)].set(True)
+        )
+    )
+    matmuls = _line_matmuls(case, hit)
+    operands = _line_operands(matmuls, inputs["x"].dtype, case.seed + 2)
+    variants = {"xla dot_general": _line_xla(matmuls, operands)}
+    try:
+        variants["torch.bmm"] = _line_torch(matmuls, operands, _torch())
+    except Skip:
+        pass
+    if len(variants) == 1:
+        name, prep = next(iter(variants.items()))
+    else:
+        name = min(variants, key=lambda v: _quick_seconds(variants[v]))
+        prep = variants[name]
+    prep.note = f"{name}: " + ", ".join(_line_shape(*mm) for mm in matmuls)
+    return prep
+
+
+def _line_shape(b, m, k, n, kind) -> str:
+    """One batched matmul as text, e.g. 128×[512,2880]·[2880,5760] (ᵀ marks a transposed operand)."""
+    a, c = {
+        "nn": (f"[{m},{k}]", f"[{k},{n}]"),
+        "nt": (f"[{m},{k}]", f"[{n},{k}]ᵀ"),
+        "tn": (f"[{m},{k}]ᵀ", f"[{m},{n}]"),
+    }[kind]
+    return f"{b}×{a}·{c}"
+
+
 OURS = ("moe_pallas:auto", "moe_pallas:pallas_triton", "moe_pallas:mosaic_gpu")
 PEERS = ("jax.lax.ragged_dot", "tokamax", "torch._grouped_mm", "torch_loop")
+LINE = "cublas_line"
 # What a run times unless --impls says otherwise: what users get by default, next to the peers.
-DEFAULT = ("moe_pallas:auto", "jax.lax.ragged_dot", "tokamax", "torch._grouped_mm")
+DEFAULT = ("moe_pallas:auto", LINE, "jax.lax.ragged_dot", "tokamax", "torch._grouped_mm")
 IMPLS: dict[str, Callable[[Case, dict], Prepared]] = {
     **{name: _ours(name.split(":")[1]) for name in OURS},
     "jax.lax.ragged_dot": _prepare_xla,
     "tokamax": _prepare_tokamax,
     "torch._grouped_mm": _prepare_torch_grouped,
     "torch_loop": _prepare_torch_loop,
+    LINE: _prepare_line,
 }

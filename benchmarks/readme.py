@@ -70,7 +70,8 @@ def readme_section(results: Path, readme: Path, performance: Path) -> str:
 def _cell(row: dict | None) -> str:
     if row is None or row["status"] != "ok":
         return "—"
-    return f"{row['time_ms']:.4g} ({row['pct_sol']:.0f}%)"
+    ratio = "" if row.get("vs_line") is None else f", {row['vs_line']:.2f}× line"
+    return f"{row['time_ms']:.4g} ({row['pct_sol']:.0f}%{ratio})"
 
 
 def suite_table(suite: str, rows: list[dict], summary: list[dict]) -> list[str]:
@@ -144,6 +145,12 @@ METHOD = """\
   those, not all E) + x in + out. Forward + backward: FLOPs ×3, weight bytes ×3 (read twice,
   gradients written once), activations x, out, dout, dx. gmm: 2·M·K·N FLOPs, hit-expert weights
   + lhs + out bytes; tgmm: 2·M·K·N FLOPs, lhs + dy + the whole [G, K, N] gradient.
+- **The cuBLAS line** (`cublas_line`), the yardstick: the case's matmul work done by cuBLAS
+  with perfect balance, i.e. the hit experts' matmuls as batched dots with the rows split evenly
+  (forward: gate_up and down, 2 batched matmuls; train: with their input and weight gradients, 6;
+  gmm: 1), with no gather, activation, scatter or routing; timed in the same process by the same
+  method, the faster of torch.bmm and XLA's batched dot_general (the row's message says which).
+  "× line" = time / line time per case; a suite gives its mean and worst ratio.
 - **% SOL** = SOL / time: 100% is the ceiling. A suite's mean is over the cases that ran; its
   % SOL is given only when every case ran.
 - **Outputs checked.** Each forward or gmm output is compared with the first of
@@ -188,7 +195,13 @@ def performance_page(results: Path, performance: Path) -> str:
     ]
     plots = [name for name in run.PLOTS if (results / name).exists()]
     lines += [f"![{run.PLOTS[name]}]({results_link}/{name})" for name in plots]
-    lines += ["", "## Per case", "", "Milliseconds (% SOL); —: not timed, see below.", ""]
+    lines += [
+        "",
+        "## Per case",
+        "",
+        "Milliseconds (% SOL, ratio to the case's cuBLAS line); —: not timed, see below.",
+        "",
+    ]
     for suite in dict.fromkeys(r["suite"] for r in rows):
         lines += [f"### {suite}", "", *suite_table(suite, rows, summary), ""]
     problems = run.not_timed(rows)

@@ -7,7 +7,8 @@
 Per (case, implementation): median time of blocking samples after warm-up calls (each sample a
 burst of back-to-back calls lasting >= 20 ms, one wait at its end; samples fill `--budget` seconds,
 at least 3), SOL from benchmarks/sol.py, % SOL = SOL / time, TFLOP/s, GB/s (of the SOL bytes), peak
-memory, and the relative error of the output against the first of jax.lax.ragged_dot, tokamax,
+memory, the ratio to the case's cuBLAS line (vs_line = time / line time; the line is the case's
+matmul work as cuBLAS batched dots with perfect balance, timed in the same process), and the relative error of the output against the first of jax.lax.ragged_dot, tokamax,
 torch._grouped_mm that ran (rel_err_vs). Skips and failures are rows too, with reasons.
 
 DIR receives the canonical layout: results.json, results.csv, summary.md, the plots (pct_sol.png,
@@ -63,6 +64,7 @@ FIELDS = (
     "peak_mem_gib",
     "rel_err",
     "rel_err_vs",
+    "vs_line",
     "hit_experts",
     "samples",
     "compile_s",
@@ -174,6 +176,7 @@ def run_case(case, impl_names, params, device, budget_s, pbar=None, skip=None) -
                 peak_mem_gib=None if prep.peak_bytes is None else prep.peak_bytes / 2**30,
                 rel_err=rel_err,
                 rel_err_vs=None if rel_err is None else reference_name,
+                message=prep.note,
             )
             del prep, out, comparable
         except _impls.Skip as err:
@@ -189,11 +192,16 @@ def run_case(case, impl_names, params, device, budget_s, pbar=None, skip=None) -
         if pbar is not None:
             pbar.set_postfix_str(f"{case.name} {name}: {row['status']}")
             pbar.update()
+    line = next((r for r in rows if r["impl"] == _impls.LINE and r["status"] == "ok"), None)
+    for r in rows:
+        if line is not None and r["status"] == "ok":
+            r["vs_line"] = r["time_ms"] / line["time_ms"]
     return rows
 
 
 def summarize(rows: list[dict]) -> list[dict]:
-    """Mean time and % SOL per (suite, impl) over the cases that ran; n_ok of n cases."""
+    """Mean time, % SOL and ratio to the cuBLAS line (mean and worst over the cases with a line)
+    per (suite, impl) over the cases that ran; n_ok of n cases."""
     out = []
     for suite in dict.fromkeys(r["suite"] for r in rows):
         suite_rows = [r for r in rows if r["suite"] == suite]
@@ -202,6 +210,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         for impl in dict.fromkeys(r["impl"] for r in suite_rows):
             ok = [r for r in suite_rows if r["impl"] == impl and r["status"] == "ok"]
             mean = sum(r["time_ms"] for r in ok) / len(ok) if ok else None
+            ratios = [r["vs_line"] for r in ok if r.get("vs_line") is not None]
             out.append(
                 {
                     "suite": suite,
@@ -211,6 +220,8 @@ def summarize(rows: list[dict]) -> list[dict]:
                     "sol_ms": sol,
                     "mean_ms": mean,
                     "pct_sol": 100 * sol / mean if ok and len(ok) == n else None,
+                    "vs_line": sum(ratios) / len(ratios) if ratios else None,
+                    "vs_line_max": max(ratios) if ratios else None,
                 }
             )
     return out
@@ -243,8 +254,8 @@ def _unavailable(rows: list[dict]) -> set[tuple[str, str]]:
 def summary_table(rows: list[dict], summary: list[dict]) -> list[str]:
     """Markdown lines: suite means per implementation (% SOL only when every case ran)."""
     lines = [
-        "| suite | implementation | cases ok | mean ms | SOL mean ms | % SOL |",
-        "|---|---|---|---|---|---|",
+        "| suite | implementation | cases ok | mean ms | SOL mean ms | % SOL | × line (worst) |",
+        "|---|---|---|---|---|---|---|",
     ]
     unavailable = _unavailable(rows)
     for s in summary:
@@ -252,9 +263,10 @@ def summary_table(rows: list[dict], summary: list[dict]) -> list[str]:
             continue
         mean = "—" if s["mean_ms"] is None else f"{s['mean_ms']:.4g}"
         pct = "—" if s["pct_sol"] is None else f"{s['pct_sol']:.0f}%"
+        ratio = "—" if s.get("vs_line") is None else f"{s['vs_line']:.2f} ({s['vs_line_max']:.2f})"
         lines.append(
             f"| {s['suite']} | {s['impl']} | {s['cases_ok']}/{s['cases']} | {mean} | "
-            f"{s['sol_ms']:.4g} | {pct} |"
+            f"{s['sol_ms']:.4g} | {pct} | {ratio} |"
         )
     return lines
 

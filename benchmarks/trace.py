@@ -1,0 +1,220 @@
+"""Where a step's GPU time goes: the device kernels of ours and of the cuBLAS line, side by side.
+
+    python -m benchmarks.trace [--case gptoss:fwd:16384 swiglu256:train:8192 ...] [--impl NAME]
+                               [--steps 10] [--out FILE.md] [--small]
+
+Per case (workload:mode:T, mode fwd or train; the benchmark suites' inputs, `benchmarks.run`):
+`--impl` (default moe_pallas:auto) and `cublas_line` are each compiled, run once, timed by the
+suites' method (`run.measure`: median of bursts of back-to-back calls), then run `--steps` more
+times under jax's profiler (`jax.profiler.ProfileData` of the XSpace a `ProfilerSession` returns).
+The GPU plane's kernel events (every stream) are summed per kernel name and divided by the steps,
+then grouped into classes: the matmul cores (our gmm / tgmm kernels, cuBLAS and cuBLASLt GEMMs)
+and what the layer adds around them (the GLU backward, the combine, the slabs, XLA's fusions:
+sort, gather, elementwise, reductions, copies). Matmul TFLOP/s = the case's matmul FLOPs over the
+cores' device time; for ours that includes the epilogues (bias, GLU, routing weight) and the
+gather the kernels fuse.
+
+The report (markdown): per case, the step time of both, the device time per class, and ours'
+kernels by device time. Off a GPU the profile has no device plane: the tables list no kernels
+(the run still checks the plumbing).
+"""
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import jax
+from jax._src.lib import _profiler
+
+from benchmarks import cases as _cases
+from benchmarks import impls as _impls
+from benchmarks import provenance
+from benchmarks import run as _run
+from benchmarks import sol as _sol
+
+DEFAULT_CASES = (
+    "gptoss:fwd:16384",
+    "gptoss:train:16384",
+    "swiglu256:fwd:8192",
+    "swiglu256:train:8192",
+)
+# Kernel-name fragments per class, first match wins (names as the profiler reports them).
+CLASSES = (
+    ("gmm (Mosaic GPU)", ("gmm_mgpu",)),
+    ("tgmm (Pallas)", ("tgmm",)),
+    ("gmm (Triton)", ("gmm",)),
+    ("cuBLAS GEMM", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_")),
+    ("GLU backward", ("glu_bwd",)),
+    ("combine", ("moe_combine",)),
+    ("slabs", ("slab",)),
+)
+MATMUL_CLASSES = ("gmm (Mosaic GPU)", "tgmm (Pallas)", "gmm (Triton)", "cuBLAS GEMM")
+OTHER = "XLA fusions and copies"
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    for label, fragments in CLASSES:
+        if any(f in low for f in fragments):
+            return label
+    return OTHER
+
+
+def parse_case(text: str, small: bool) -> _cases.Case:
+    try:
+        workload, mode, tokens = text.split(":")
+        wl = (_cases.SMALL_WORKLOADS if small else _cases.WORKLOADS)[workload]
+        if mode not in ("fwd", "train"):
+            raise ValueError(mode)
+        return _cases.Case("trace", wl, int(tokens), mode)
+    except (ValueError, KeyError):
+        raise SystemExit(
+            f"--case {text!r}: use WORKLOAD:MODE:T with WORKLOAD in {list(_cases.WORKLOADS)}, "
+            "MODE fwd or train, T a token count, e.g. gptoss:fwd:16384."
+        ) from None
+
+
+def device_kernels(xspace: bytes) -> dict[str, tuple[int, float]]:
+    """{kernel name: (events, total ns)} over the GPU planes' stream lines of one profile."""
+    totals: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for plane in jax.profiler.ProfileData.from_serialized_xspace(xspace).planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if not line.name.startswith("Stream"):
+                continue
+            for event in line.events:
+                entry = totals[event.name]
+                entry[0] += 1
+                entry[1] += event.duration_ns
+    return {name: (n, ns) for name, (n, ns) in totals.items()}
+
+
+def profile(prep: _impls.Prepared, steps: int) -> dict[str, tuple[float, float]]:
+    """{kernel name: (calls per step, device µs per step)} of `steps` calls of a prepared step."""
+    prep.wait(prep.call())
+    session = _profiler.ProfilerSession()
+    for _ in range(steps):
+        out = prep.call()
+    prep.wait(out)
+    kernels = device_kernels(session.stop())
+    return {name: (n / steps, ns / steps / 1e3) for name, (n, ns) in kernels.items()}
+
+
+def by_class(kernels: dict[str, tuple[float, float]]) -> dict[str, float]:
+    out: dict[str, float] = defaultdict(float)
+    for name, (_, us) in kernels.items():
+        out[kernel_class(name)] += us
+    return dict(out)
+
+
+def matmul_flops(case: _cases.Case) -> float:
+    w = case.workload
+    return _sol.layer_cost(
+        case.tokens, w.hidden, w.inter, w.top_k, w.experts, train=case.mode == "train"
+    ).flops
+
+
+def trace_case(case: _cases.Case, impl: str, steps: int, budget_s: float) -> dict:
+    params = _cases.make_params(case.workload)
+    inputs = _run._inputs(case, params)
+    result = {"case": case.name, "flops": matmul_flops(case)}
+    for name in (impl, _impls.LINE):
+        prep = _impls.IMPLS[name](case, inputs)
+        seconds, _, _ = _run.measure(prep, budget_s)
+        kernels = profile(prep, steps)
+        result[name] = {
+            "step_ms": seconds * 1e3,
+            "kernels": kernels,
+            "classes": by_class(kernels),
+            "note": prep.note,
+        }
+        del prep
+    return result
+
+
+def _tflops(flops: float, us: float) -> str:
+    return f"{flops / (us * 1e-6) / 1e12:.0f}" if us > 0 else "—"
+
+
+def report(results: list[dict], impl: str, meta: str, top: int = 12) -> str:
+    lines = ["# Where the time goes", "", meta, ""]
+    for r in results:
+        ours, line = r[impl], r[_impls.LINE]
+        cores = {
+            k: sum(v for c, v in x["classes"].items() if c in MATMUL_CLASSES)
+            for k, x in (("ours", ours), ("line", line))
+        }
+        device = {k: sum(x["classes"].values()) for k, x in (("ours", ours), ("line", line))}
+        lines += [
+            f"## {r['case']}",
+            "",
+            (
+                f"Step: {impl} {ours['step_ms']:.3f} ms, cuBLAS line {line['step_ms']:.3f} ms "
+                f"(ratio {ours['step_ms'] / line['step_ms']:.2f}); matmul FLOPs {r['flops']:.3g}."
+            ),
+            f"Line: {line['note']}.",
+            "",
+            "| device time per step | ours (µs) | line (µs) |",
+            "|---|---|---|",
+        ]
+        for label in (*MATMUL_CLASSES, "GLU backward", "combine", "slabs", OTHER):
+            a, b = ours["classes"].get(label, 0.0), line["classes"].get(label, 0.0)
+            if a or b:
+                lines.append(f"| {label} | {a:.0f} | {b:.0f} |")
+        lines += [
+            (
+                f"| **matmul cores** | {cores['ours']:.0f} ({_tflops(r['flops'], cores['ours'])} "
+                f"TFLOP/s) | {cores['line']:.0f} ({_tflops(r['flops'], cores['line'])} TFLOP/s) |"
+            ),
+            (
+                f"| **around the cores** | {device['ours'] - cores['ours']:.0f} | "
+                f"{device['line'] - cores['line']:.0f} |"
+            ),
+            f"| **all device time** | {device['ours']:.0f} | {device['line']:.0f} |",
+            "",
+            f"Kernels of {impl}, by device time per step:",
+            "",
+            "| kernel | class | calls/step | µs/step |",
+            "|---|---|---|---|",
+        ]
+        ranked = sorted(ours["kernels"].items(), key=lambda kv: -kv[1][1])[:top]
+        for name, (calls, us) in ranked:
+            short = name if len(name) <= 60 else name[:57] + "..."
+            lines.append(f"| `{short}` | {kernel_class(name)} | {calls:g} | {us:.0f} |")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--case", nargs="+", default=list(DEFAULT_CASES))
+    parser.add_argument("--impl", default="moe_pallas:auto", choices=_impls.OURS)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--budget", type=float, default=0.3)
+    parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
+    parser.add_argument("--out", type=Path, help="write the report here (default: stdout only)")
+    args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps must be >= 1, got {args.steps}.")
+    case_list = [parse_case(c, args.small) for c in args.case]
+    results = [trace_case(c, args.impl, args.steps, args.budget) for c in case_list]
+    meta = (
+        f"Device: {jax.devices()[0].device_kind} · jax {jax.__version__} · commit "
+        f"`{provenance.git_commit()}` · `python -m benchmarks.trace "
+        + " ".join(sys.argv[1:] if argv is None else argv)
+        + "`"
+    )
+    text = report(results, args.impl, meta)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
