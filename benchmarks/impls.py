@@ -136,9 +136,8 @@ def _ours(backend: str):
         activation = case.workload.activation
         if case.mode == "gmm":
             return _prepare_jax(
-                lambda lhs, rhs, gs: moe_pallas.ragged_dot(
-                    lhs, rhs, gs, implementation=backend, preferred_element_type=jnp.float32
-                ),
+                # Output in lhs's dtype, as the layer's matmuls write (and the line's batched dots).
+                lambda lhs, rhs, gs: moe_pallas.ragged_dot(lhs, rhs, gs, implementation=backend),
                 (inputs["lhs"], inputs["rhs"], inputs["group_sizes"]),
             )
         if case.mode == "tgmm":
