@@ -278,7 +278,7 @@ def cases() -> list[Case]:
     return out
 
 
-def tail16_probe(groups: int, k: int, n: int, runs: int) -> int:
+def tail16_probe(groups: int, k: int, n: int, runs: int, stages: int = 4) -> int:
     """The refused 16-row tail (docs/reliability.md): the plain gmm (128 x 256 tiles, 8 warps, row
     scale, no bias) with tail_m = 16 against the same config without a tail, bit for bit, `runs`
     times; groups of 128 + 8 rows, so every group's last visit takes a tail. Returns the number of
@@ -288,7 +288,7 @@ def tail16_probe(groups: int, k: int, n: int, runs: int) -> int:
     m_rows = sum(sizes)
     rng, lhs, rhs = _inputs(7, m_rows, k, n, groups)
     row_scale = jnp.asarray(rng.uniform(0.1, 1.0, m_rows), jnp.float32)
-    base = BlockConfig(128, 256, 64, 8, 8, 4, 16, 0)
+    base = BlockConfig(128, 256, 64, 8, 8, stages, 16, 0)
     args = (lhs, rhs, jnp.asarray(sizes, jnp.int32))
     want = np.asarray(gmm(*args, row_scale=row_scale, config=base))
     check = BlockConfig.__post_init__
@@ -304,7 +304,9 @@ def tail16_probe(groups: int, k: int, n: int, runs: int) -> int:
         got = np.asarray(fn(*args))
         bad = np.flatnonzero((got != want).any(axis=1))
         bad_runs += bool(bad.size)
-        print(f"tail16 run {run}: {bad.size} of {m_rows} rows differ; first {bad[:8].tolist()}")
+        print(
+            f"tail16 stages={stages} run {run}: {bad.size} of {m_rows} rows differ; first {bad[:8].tolist()}"
+        )
     return bad_runs
 
 
@@ -314,9 +316,9 @@ def main(argv=None) -> int:
     parser.add_argument("--only", help="run the cases whose name contains this")
     parser.add_argument(
         "--tail16",
-        nargs=4,
+        nargs="+",
         type=int,
-        metavar=("GROUPS", "K", "N", "RUNS"),
+        metavar="GROUPS K N RUNS [STAGES]",
         help="run only the 16-row-tail probe (tail16_probe); exit 1 if a run differs",
     )
     args = parser.parse_args(argv)

@@ -187,3 +187,42 @@ def test_tail_path_at_128_rows_per_expert(variant, workload):
     table's tail_m path multiplies in the visit before (kernels/gmm.py, Tails)."""
     e, k, h = (128, 4, 2880) if workload == "gptoss" else (256, 8, 2048)
     check_tail_groups(variant, 4096, k, e, h)
+
+
+def two_dot_kernel(m_main: int, m_tail: int, k_dim: int, n_dim: int, *, num_warps=8, stages=4):
+    """The 16-row-tail fault reduced to plain Pallas Triton, no gmm machinery: per program one
+    [bn] column block, a K loop that loads one rhs block and multiplies it by two lhs blocks,
+    [m_main, bk] and [m_tail, bk] (the gmm's main and tail segments), two float32
+    accumulators, two stores. Returns (kernel out, float64-free exact reference by XLA in f32)."""
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import triton as plgpu
+
+    bk, bn = 64, 256
+    rows = m_main + m_tail
+
+    def kernel(a_ref, b_ref, o_ref):
+        n0 = pl.program_id(0) * bn
+
+        def body(i, accs):
+            k0 = i * bk
+            b = plgpu.load(b_ref.at[pl.ds(k0, bk), pl.ds(n0, bn)])
+            main = plgpu.load(a_ref.at[pl.ds(0, m_main), pl.ds(k0, bk)])
+            tail = plgpu.load(a_ref.at[pl.ds(m_main, m_tail), pl.ds(k0, bk)])
+            return accs[0] + plgpu.dot(main, b), accs[1] + plgpu.dot(tail, b)
+
+        accs = (jnp.zeros((m_main, bn), jnp.float32), jnp.zeros((m_tail, bn), jnp.float32))
+        acc_main, acc_tail = jax.lax.fori_loop(0, k_dim // bk, body, accs)
+        plgpu.store(o_ref.at[pl.ds(0, m_main), pl.ds(n0, bn)], acc_main)
+        plgpu.store(o_ref.at[pl.ds(m_main, m_tail), pl.ds(n0, bn)], acc_tail)
+
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.standard_normal((rows, k_dim)), jnp.bfloat16)
+    b = jnp.asarray(rng.standard_normal((k_dim, n_dim)), jnp.bfloat16)
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((rows, n_dim), jnp.float32),
+        grid=(n_dim // bn,),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=stages),
+    )(a, b)
+    ref = jnp.dot(a, b, preferred_element_type=jnp.float32, precision="highest")
+    return np.asarray(out), np.asarray(ref)

@@ -44,7 +44,14 @@ def test_readme_python_blocks_run():
     raises fails the test with its block number and traceback."""
     blocks = [code for info, code in python_blocks(README.read_text()) if info != "no-run"]
     shown = "\n".join(blocks)
-    for name in ("MoE(", "moe_experts(", "ragged_dot(", "tgmm(", "load_experts(", "expert_params()"):
+    for name in (
+        "MoE(",
+        "moe_experts(",
+        "ragged_dot(",
+        "tgmm(",
+        "load_experts(",
+        "expert_params()",
+    ):
         assert name in shown, f"README.md's snippets should show {name}"
     program = "\n".join(
         f"print('--- README block {i}', flush=True)\n{code}" for i, code in enumerate(blocks, 1)
