@@ -9,8 +9,8 @@ run that computed wrong numbers is not clean either); exit status 1 if any case 
 
 Shapes. Groups of sizes (0, one row, a block and a bit, a ragged tail, one hot group holding most
 rows, 0 again), so every tile class meets an empty group, a one-row group, a tail and a hot group;
-K and N are past a multiple of the config's blocks by a ragged remainder (Triton: masked tails;
-Mosaic GPU: multiples of 16, the smallest it tiles, so its boxes end mid-block). The table's
+K and N are past a multiple of the config's blocks by a ragged remainder for Triton (masked tails);
+Mosaic GPU tiles whole blocks only, so its K and N are multiples of the shipped blocks. The table's
 configs are applied as the backends apply them (`BlockConfig.fit`, `MosaicConfig.fit`), so the
 blocks the sanitizer sees are the shipped ones, not shrunk ones.
 """
@@ -148,7 +148,7 @@ def mosaic_gmm_case(cfg: gmm_mgpu.MosaicConfig, activation, seed: int):
     sizes = _sizes(cta_m, 3 * cta_m + 7)
     m_rows, groups = sum(sizes), len(sizes)
     cols = 2 * cfg.block_n if cfg.consumers == 2 and cfg.split == "n" else cfg.block_n
-    k, n = 2 * cfg.block_k + 16, cols + 48
+    k, n = 3 * cfg.block_k, 2 * cols  # Mosaic GPU tiles only whole blocks (no K or N tails)
     n_w = 2 * n if activation else n
     rng, lhs, rhs = _inputs(seed, m_rows, k, n_w, groups)
     bias = jnp.asarray(rng.standard_normal((groups, n_w)) * 0.1, jnp.float32)

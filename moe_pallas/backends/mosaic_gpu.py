@@ -36,12 +36,14 @@ def available() -> bool:
 
 
 def supports(problem: backends.Problem) -> bool:
-    """One 16-bit dtype (wgmma's inputs) and the shapes its TMA boxes tile: K and N multiples of
-    16 for gmm, K of 64 (one warpgroup's wgmma M) and N of 16 for tgmm."""
+    """One 16-bit dtype (wgmma's inputs) and the shapes its TMA boxes tile: for gmm K a multiple
+    of 16 and N of MIN_BLOCK_N (64: every narrower tile misaligns the epilogue's shared-memory
+    copies), for tgmm K of 64 (one warpgroup's wgmma M) and N of 16."""
     if problem.dtype is None or problem.dtype not in _gmm_mgpu.DTYPES:
         return False
-    k_unit = 64 if problem.kernel == "tgmm" else 16
-    return problem.k % k_unit == 0 and problem.n % 16 == 0
+    if problem.kernel == "tgmm":
+        return problem.k % 64 == 0 and problem.n % 16 == 0
+    return problem.k % 16 == 0 and problem.n % MIN_BLOCK_N == 0
 
 
 def auto_supports(problem: backends.Problem) -> bool:

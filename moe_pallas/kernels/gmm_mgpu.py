@@ -111,6 +111,12 @@ class MosaicConfig:
         column_parts = 2 if self.consumers == 2 and self.split == "n" else 1
         unit = 128 if column_parts == 2 else 16
         cta_n = fit_block("gmm_mgpu", column_parts * self.block_n, n, "N", unit)
+        if cta_n // column_parts < MIN_BLOCK_N:
+            raise ValueError(
+                f"gmm_mgpu: N={n} has no tile width of {MIN_BLOCK_N} to {self.block_n} columns "
+                "that divides it (narrower tiles misalign the epilogue's shared-memory copies); "
+                'use implementation="pallas_triton", which masks tails.'
+            )
         return dataclasses.replace(
             self,
             block_n=cta_n // column_parts,
