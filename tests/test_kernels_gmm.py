@@ -264,6 +264,9 @@ def test_block_config_paths():
     for bad in (8, 16, 24, 256):  # 16: wrong rows on the H200 (kernels/gmm.py, Tails)
         with pytest.raises(ValueError, match="tail_m"):
             BlockConfig(128, tail_m=bad)
+    with pytest.raises(ValueError, match="num_warps=8"):  # 32 at 8 warps: the same fault
+        BlockConfig(128, 256, 64, num_warps=8, tail_m=32)
+    assert BlockConfig(128, 256, 64, num_warps=8, tail_m=64).tail_m == 64
 
 
 @pytest.mark.parametrize("cfg", PATH_CFGS, ids=_cfg_id)

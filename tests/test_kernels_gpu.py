@@ -193,7 +193,7 @@ def two_dot_kernel(m_main: int, m_tail: int, k_dim: int, n_dim: int, *, num_warp
     """The 16-row-tail fault reduced to plain Pallas Triton, no gmm machinery: per program one
     [bn] column block, a K loop that loads one rhs block and multiplies it by two lhs blocks,
     [m_main, bk] and [m_tail, bk] (the gmm's main and tail segments), two float32
-    accumulators, two stores. Returns (kernel out, float64-free exact reference by XLA in f32)."""
+    accumulators, two stores. Returns (kernel out, XLA's float32 product of the same operands)."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
@@ -226,3 +226,31 @@ def two_dot_kernel(m_main: int, m_tail: int, k_dim: int, n_dim: int, *, num_warp
     )(a, b)
     ref = jnp.dot(a, b, preferred_element_type=jnp.float32, precision="highest")
     return np.asarray(out), np.asarray(ref)
+
+
+def _bad_rows(m_tail, k_dim, **kw):
+    out, ref = two_dot_kernel(128, m_tail, k_dim, 2560, **kw)
+    err = np.abs(out - ref).max(axis=1) / np.abs(ref).max()
+    return np.flatnonzero(err > 1e-3)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Triton (jaxlib's and upstream 3.6) miscompiles two dots of 128 and 16 rows that share "
+    "one loaded block in a pipelined loop at 8 warps: every row of the 128-row product is wrong. "
+    "When this passes, the fault is fixed: BlockConfig may then allow short tails again.",
+)
+@pytest.mark.parametrize("stages", [3, 4])
+def test_triton_two_dots_of_128_and_16_rows_at_8_warps(stages):
+    assert _bad_rows(16, 2880 // 64 * 64, num_warps=8, stages=stages).size == 0
+
+
+@pytest.mark.parametrize(
+    "m_tail,warps,stages",
+    [(16, 4, 4), (16, 8, 1), (64, 8, 3), (64, 8, 4)],  # 4 warps, no pipeline, the shipped tail
+)
+def test_triton_two_dots_exact_where_the_table_goes(m_tail, warps, stages):
+    """The controls of the fault above: 4 warps, an unpipelined loop, or a 64-row second dot
+    (the tails `BlockConfig` allows at 8 warps) compute every row exactly."""
+    for k_dim in (256, 2880 // 64 * 64):
+        assert _bad_rows(m_tail, k_dim, num_warps=warps, stages=stages).size == 0

@@ -25,7 +25,7 @@ class BlockConfig:
     # gmm: rows past block_m that a group's last visit may take (0: none), multiplied in the same
     # k-loop by a second [tail_m, block_k] dot on the weight tiles already loaded, so a group a
     # few rows above block_m does not stream its expert's weights a second time (kernels/gmm.py,
-    # Tails, also for why no tail is 16 rows).
+    # Tails, also for why tails are at least 32 rows, 64 at 8 warps).
     tail_m: int = 0
 
     def __post_init__(self):
@@ -33,12 +33,14 @@ class BlockConfig:
             self.min_block_m < 16 or self.min_block_m & (self.min_block_m - 1)
         ):
             raise ValueError(f"min_block_m={self.min_block_m} must be a power of 2 >= 16.")
+        shortest = 64 if self.num_warps >= 8 else 32
         if self.tail_m and (
-            self.tail_m < 32 or self.tail_m & (self.tail_m - 1) or self.tail_m > self.block_m
+            self.tail_m < shortest or self.tail_m & (self.tail_m - 1) or self.tail_m > self.block_m
         ):
             raise ValueError(
-                f"tail_m={self.tail_m} must be 0 or a power of 2 in [32, block_m={self.block_m}] "
-                "(16-row tails computed wrong rows on the H200: kernels/gmm.py, Tails)."
+                f"tail_m={self.tail_m} must be 0 or a power of 2 in [{shortest}, "
+                f"block_m={self.block_m}] at num_warps={self.num_warps}: Triton miscompiles a "
+                "short second dot beside the main one at 8 warps (kernels/gmm.py, Tails)."
             )
 
     def m_paths(self) -> tuple[int, ...]:

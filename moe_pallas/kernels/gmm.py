@@ -25,7 +25,9 @@ block_m, and a second visit for them streams the expert's whole weight slab agai
 dot. With tail_m the schedule gives such a group's last visit up to block_m + tail_m rows, and the
 program multiplies the extra rows by a second [tail_m, block_k] dot on the rhs blocks it already
 loaded; outputs are bit for bit those without the tail path. `BlockConfig` refuses tails under 32
-rows: the plain gmm with a 16-row tail wrote wrong rows on the H200 (docs/reliability.md).
+rows, and under 64 at 8 warps: Triton miscompiles two dots of different heights that share a loaded
+block in a pipelined loop at 8 warps (every row of the main product wrong; reduced to a two-dot
+kernel in tests/test_kernels_gpu.py, docs/reliability.md).
 """
 
 import functools
