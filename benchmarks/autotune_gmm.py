@@ -191,7 +191,12 @@ def _candidates(kernel, cls, around_table=False, device=None, path=tuning.TABLE_
         if kernel == "tgmm":
             return [seed]
         lows = [m for m in (seed.block_m // 2, 16) if 16 <= m < seed.block_m]
-        tails = [dataclasses.replace(seed, tail_m=t) for t in (0, 32, 64) if t <= seed.block_m]
+        shortest = 64 if seed.num_warps >= 8 else 32  # the tails BlockConfig allows
+        tails = [
+            dataclasses.replace(seed, tail_m=t)
+            for t in (0, 32, 64)
+            if t == 0 or shortest <= t <= seed.block_m
+        ]
         lows = [dataclasses.replace(seed, min_block_m=m) for m in lows]
         return list(dict.fromkeys([seed, *lows, *tails]))
     if kernel == "tgmm":

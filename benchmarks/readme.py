@@ -207,6 +207,20 @@ def performance_page(results: Path, performance: Path) -> str:
     problems = run.not_timed(rows)
     if problems:
         lines += ["## Not timed", "", *problems, ""]
+    trace = results / "trace.md"
+    if trace.exists():  # benchmarks/trace.py's report, its headings one level down
+        lines += [
+            "## Where the time goes",
+            "",
+            (
+                "Device time per step of the compute-bound cases, ours against the cuBLAS line "
+                f"(`python -m benchmarks.trace`, [{_link(trace, performance)}]"
+                f"({_link(trace, performance)})):"
+            ),
+            "",
+        ]
+        body = trace.read_text().splitlines()
+        lines += ["#" + ln if ln.startswith("#") else ln for ln in body[1:]]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

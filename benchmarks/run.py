@@ -253,9 +253,11 @@ def _unavailable(rows: list[dict]) -> set[tuple[str, str]]:
 
 def summary_table(rows: list[dict], summary: list[dict]) -> list[str]:
     """Markdown lines: suite means per implementation (% SOL only when every case ran)."""
+    with_line = any(s.get("vs_line") is not None for s in summary)  # runs that timed the line
     lines = [
-        "| suite | implementation | cases ok | mean ms | SOL mean ms | % SOL | × line (worst) |",
-        "|---|---|---|---|---|---|---|",
+        "| suite | implementation | cases ok | mean ms | SOL mean ms | % SOL |"
+        + (" × line (worst) |" if with_line else ""),
+        "|---|---|---|---|---|---|" + ("---|" if with_line else ""),
     ]
     unavailable = _unavailable(rows)
     for s in summary:
@@ -266,7 +268,7 @@ def summary_table(rows: list[dict], summary: list[dict]) -> list[str]:
         ratio = "—" if s.get("vs_line") is None else f"{s['vs_line']:.2f} ({s['vs_line_max']:.2f})"
         lines.append(
             f"| {s['suite']} | {s['impl']} | {s['cases_ok']}/{s['cases']} | {mean} | "
-            f"{s['sol_ms']:.4g} | {pct} | {ratio} |"
+            f"{s['sol_ms']:.4g} | {pct} |" + (f" {ratio} |" if with_line else "")
         )
     return lines
 
