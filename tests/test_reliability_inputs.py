@@ -214,3 +214,33 @@ def test_expert_weights_keep_the_fan_in_truncated_normal_law():
         assert np.abs(w).max() <= 2 * np.sqrt(1 / fan_in) / 0.87962566103423978 * 1.01
         assert abs(w.mean()) < 0.03 * np.sqrt(1 / fan_in)
         assert not np.array_equal(w[0], w[1])  # distinct experts
+
+
+# --- NaN in one expert's weights ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas_triton"])
+def test_nan_expert_weight_reaches_exactly_that_experts_tokens(impl):
+    """NaN in w_gate_up[3]: exactly the tokens routed to expert 3 are NaN, the others bitwise
+    unchanged. (An Inf there may legitimately give finite outputs: gpt-oss clamps h at 7.)"""
+    rng = np.random.default_rng()
+    tokens, experts = 10, 5
+    params = make_params(rng, experts, 16, 16, biases=True)
+    params = {k: jnp.asarray(v) for k, v in params.items()}
+    idx, w = random_routing(rng, tokens, experts, 2)
+    idx[:3, 0] = 3  # at least three tokens use expert 3, and some do not
+    idx[3:, :] = np.where(idx[3:] == 3, 4, idx[3:])
+    idx[3:, 1] = np.where(idx[3:, 0] == 4, 0, idx[3:, 1])
+    idx[:3, 1] = np.where(idx[:3, 1] == 3, 1, idx[:3, 1])
+    routed_to_3 = (idx == 3).any(axis=1)
+    assert 0 < routed_to_3.sum() < tokens
+    x = jnp.asarray(rng.standard_normal((tokens, 16)), F32)
+    bad_params = dict(params, w_gate_up=params["w_gate_up"].at[3, 5, 7].set(jnp.nan))
+    f = jax.jit(
+        lambda p: moe_experts(
+            x, jnp.asarray(idx), jnp.asarray(w), p, activation="gptoss", implementation=impl
+        )
+    )
+    clean, out = np.asarray(f(params)), np.asarray(f(bad_params))
+    assert not np.isfinite(out[routed_to_3]).all(axis=1).any()  # every such token sees it
+    np.testing.assert_array_equal(out[~routed_to_3], clean[~routed_to_3])
