@@ -18,8 +18,9 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from moe_pallas import backends, debug, fused, parallel
+from moe_pallas import backends, debug, fused, ops, parallel
 from moe_pallas.activations import ACTIVATIONS, Activation
 from moe_pallas.backends import Implementation
 
@@ -41,7 +42,9 @@ def _param_dict(params: Any) -> dict[str, jax.Array]:
     for required in ("w_gate_up", "w_down"):
         if required not in out:
             raise ValueError(f"params is missing {required!r} (keys needed: w_gate_up, w_down).")
-    return out
+    # numpy arrays become jax arrays by x's rule (jnp.asarray: float64 is float32 unless
+    # jax_enable_x64), so all-numpy inputs of one dtype stay of one dtype.
+    return {k: jnp.asarray(v) if isinstance(v, (np.ndarray, list)) else v for k, v in out.items()}
 
 
 def validate(x, topk_idx, topk_weight, params, activation) -> dict[str, jax.Array]:
@@ -120,7 +123,9 @@ def moe_experts(
     """Apply each token's top-k experts and sum them with the routing weights.
 
     Args:
-      x: tokens `[T, H]` (bfloat16 or float32).
+      x: tokens `[T, H]` (bfloat16 or float32; float64 under jax_enable_x64 on "xla" only).
+        numpy arrays here and in params become jax arrays by `jnp.asarray` (float64 is float32
+        unless jax_enable_x64 is on).
       topk_idx: expert ids `[T, k]`, integer; ids outside [0, E) contribute zero.
       topk_weight: routing weights `[T, k]`, floating.
       params: `w_gate_up [E, H, 2I]`, `w_down [E, I, H]` (x's dtype), optional `b_gate_up [E, 2I]`,
@@ -147,6 +152,7 @@ def moe_experts(
     x, topk_idx, topk_weight = jnp.asarray(x), jnp.asarray(topk_idx), jnp.asarray(topk_weight)
     params = validate(x, topk_idx, topk_weight, params, activation)
     policy = backends.resolve(implementation)
+    ops.check_kernel_dtype("x", x, policy)
     if mesh is not None or return_stats:  # (parallel checks routing itself, mesh-wide)
         out, stats = parallel.moe_experts_parallel(
             x,

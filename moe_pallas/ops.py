@@ -28,6 +28,17 @@ def _check_floating(name: str, x: jax.Array) -> None:
         raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}.")
 
 
+def check_kernel_dtype(name: str, x: jax.Array, policy: str) -> None:
+    """The Pallas kernels multiply 16- and 32-bit floats (float32 accumulation); float64 (under
+    `jax_enable_x64`) runs on the xla backend only, which keeps it in float64."""
+    if policy != "xla" and jnp.dtype(x.dtype) == jnp.float64:
+        raise TypeError(
+            f"{name} is float64, which the Pallas kernels (implementation={policy!r}) do not "
+            "multiply; pass implementation='xla' (float64 throughout) or cast the operands to "
+            "float32."
+        )
+
+
 def _check_group_sizes(group_sizes: jax.Array, num_groups: int, num_rows: int) -> jax.Array:
     """Validated group sizes; invalid values (negative, summing past num_rows) are clamped as the
     kernels clamp them, so both backends agree, and raise under `moe_pallas.debug_checks()`."""
@@ -120,6 +131,8 @@ def ragged_dot(
         )
     _check_floating("lhs", lhs)
     _check_floating("rhs", rhs)
+    check_kernel_dtype("lhs", lhs, policy)
+    check_kernel_dtype("rhs", rhs, policy)
     group_sizes = _check_group_sizes(group_sizes, rhs.shape[0], lhs.shape[0])
     out_dtype = _out_dtype(lhs, rhs, preferred_element_type)
     if policy == "xla":
@@ -150,6 +163,8 @@ def tgmm(
         )
     _check_floating("lhs", lhs)
     _check_floating("rhs", rhs)
+    check_kernel_dtype("lhs", lhs, policy)
+    check_kernel_dtype("rhs", rhs, policy)
     if group_sizes.ndim != 1:
         raise ValueError(f"group_sizes must be 1-D [G], got shape {group_sizes.shape}.")
     group_sizes = _check_group_sizes(group_sizes, group_sizes.shape[0], lhs.shape[0])

@@ -345,6 +345,19 @@ def capacity_rows(exchange: str, rows: int, num_shards: int, capacity_factor: fl
     return max(1, min(worst, math.ceil(capacity_factor * balanced)))
 
 
+def _auto_outside_mesh_context(mesh: Mesh, arrays) -> Mesh:
+    """`mesh` with Auto axes when it has Explicit ones (`jax.make_mesh`'s default) but neither a
+    mesh context (`jax.set_mesh`) nor an input's type names a mesh. Explicit axes put the mesh
+    into the output's type; outside a mesh context `jax.grad` then cannot build the cotangent of
+    such a loss ("Length of device assignment 1 is not equal to the size of the mesh"). With Auto
+    axes the sharding lives in the values, as for `expert_mesh()`, and the math is the same."""
+    if AxisType.Explicit not in mesh.axis_types or not jax.sharding.get_abstract_mesh().empty:
+        return mesh
+    if any(not jax.typeof(a).sharding.mesh.empty for a in arrays):
+        return mesh
+    return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(mesh.axis_names))
+
+
 def _to_mesh(a: jax.Array, mesh: Mesh, spec: P) -> jax.Array:
     """Explicit-axis meshes need inputs laid out as in_specs says; Auto axes reshard in shard_map."""
     if all(t == AxisType.Explicit for t in mesh.axis_types):
@@ -434,6 +447,7 @@ def moe_experts_parallel(
             f"{expert_axis!r}; use an expert count divisible by the axis size."
         )
     exchange = resolve_exchange(exchange)
+    mesh = _auto_outside_mesh_context(mesh, (x, topk_idx, topk_weight, *params.values()))
     experts_per_shard = num_experts // num_shards
     num_tokens, top_k = topk_idx.shape
     pad = -num_tokens % mesh.size
@@ -479,14 +493,18 @@ def moe_experts_parallel(
     expert_slices = {name: P(expert_axis) for name in params}
     args = [_to_mesh(a, mesh, tokens) for a in (x, topk_idx, topk_weight)]
     params = {name: _to_mesh(p, mesh, P(expert_axis)) for name, p in params.items()}
-    out, dropped, received, spilled = jax.shard_map(
-        shard_body,
-        mesh=mesh,
-        in_specs=(tokens, tokens, tokens, expert_slices),
-        out_specs=(tokens, P(), P(expert_axis), P()),
-        # Pallas kernels inside declare no varying-axes type for their outputs (a pallas_call
-        # under check_vma=True needs one); the collectives here are written out explicitly.
-        check_vma=False,
+    # One jit around the exchange: called eagerly, shard_map would dispatch its collectives and
+    # the dropless second round op by op (seconds per call on CPU).
+    out, dropped, received, spilled = jax.jit(
+        jax.shard_map(
+            shard_body,
+            mesh=mesh,
+            in_specs=(tokens, tokens, tokens, expert_slices),
+            out_specs=(tokens, P(), P(expert_axis), P()),
+            # Pallas kernels inside declare no varying-axes type for their outputs (a pallas_call
+            # under check_vma=True needs one); the collectives here are written out explicitly.
+            check_vma=False,
+        )
     )(*args, params)
     stats = {
         "dropped_rows": dropped,

@@ -16,6 +16,22 @@ from moe_pallas import backends, dispatch
 from moe_pallas.activations import glu, split_gate_up
 
 
+def _grouped_dot(lhs, rhs, group_sizes, acc, row_group, routed):
+    """`jax.lax.ragged_dot(lhs, rhs, group_sizes)` whose non-finite weights reach only their own
+    group's rows, as on the Pallas backends. XLA lowers ragged_dot densely off TPU (each row times
+    every group's weights, masked by multiplying with zero rows): a NaN or Inf in rhs[g] would
+    make 0 · NaN in every row. So rhs is multiplied with its non-finite entries zeroed, and the
+    columns of rhs[g] that held one are NaN in the rows of g: out[m, n] is NaN exactly when
+    rhs[g(m), :, n] holds a non-finite value. row_group `[M]` is g(m), in range where `routed`."""
+    finite = jnp.isfinite(rhs)
+    out = jax.lax.ragged_dot(
+        lhs, jnp.where(finite, rhs, 0), group_sizes, preferred_element_type=acc
+    )
+    bad_columns = ~jnp.all(finite, axis=1)  # [G, N]
+    row_bad = routed[:, None] & bad_columns[jnp.where(routed, row_group, 0)]
+    return jnp.where(row_bad, jnp.nan, out)
+
+
 def gmm(
     lhs,
     rhs,
@@ -32,13 +48,13 @@ def gmm(
     if lhs_row_index is not None:
         lhs = lhs[lhs_row_index]
     rhs = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
-    if bias is None and activation is None and row_scale is None:
-        return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=out_dtype)
-    acc = jnp.promote_types(out_dtype, jnp.float32)
-    out = jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=acc)
     ends = jnp.cumsum(group_sizes.astype(jnp.int32))
     row_group = jnp.searchsorted(ends, jnp.arange(lhs.shape[0]), side="right")
     routed = row_group < rhs.shape[0]
+    if bias is None and activation is None and row_scale is None:
+        return _grouped_dot(lhs, rhs, group_sizes, out_dtype, row_group, routed)
+    acc = jnp.promote_types(out_dtype, jnp.float32)
+    out = _grouped_dot(lhs, rhs, group_sizes, acc, row_group, routed)
     if bias is not None:
         out = out + jnp.where(routed[:, None], bias.astype(acc)[row_group], 0)
     if activation is not None:
@@ -85,13 +101,13 @@ def experts(x, topk_idx, topk_weight, params, activation):
     d = dispatch.dispatch(topk_idx, num_experts)
     x_sorted = x[d.row_token]
     acc = jnp.promote_types(x.dtype, jnp.float32)  # float64 inputs keep float64 (gradient checks)
-    h = jax.lax.ragged_dot(x_sorted, params["w_gate_up"], d.group_sizes, preferred_element_type=acc)
     row_valid = d.row_expert < num_experts
     row_expert = jnp.where(row_valid, d.row_expert, 0)
+    h = _grouped_dot(x_sorted, params["w_gate_up"], d.group_sizes, acc, row_expert, row_valid)
     if "b_gate_up" in params:
         h = h + params["b_gate_up"].astype(acc)[row_expert]
     a = glu(*split_gate_up(h, activation), activation).astype(x.dtype)
-    y = jax.lax.ragged_dot(a, params["w_down"], d.group_sizes, preferred_element_type=acc)
+    y = _grouped_dot(a, params["w_down"], d.group_sizes, acc, row_expert, row_valid)
     if "b_down" in params:
         y = y + params["b_down"].astype(acc)[row_expert]
     row_weight = jnp.where(row_valid, topk_weight.reshape(-1)[d.row_pair].astype(acc), 0)

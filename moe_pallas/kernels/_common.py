@@ -19,6 +19,17 @@ MAX_DIM = 2**31 - 1
 INTERPRET_SMS = 2  # persistent grids in interpret mode: enough CTAs to exercise the striding
 
 
+def div(a, b):
+    """`jax.lax.div` of int32 index values. A Python int operand is cast to int32 first: under
+    `jax_enable_x64` lax would make it int64, and lax ops refuse mixed dtypes."""
+    return jax.lax.div(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32))
+
+
+def rem(a, b):
+    """`jax.lax.rem` of int32 index values (see `div`)."""
+    return jax.lax.rem(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32))
+
+
 def target_device():
     """The device kernels are compiled for: the abstract device of an active abstract mesh (how
     tests lower GPU kernels on a CPU machine), else jax's first device."""

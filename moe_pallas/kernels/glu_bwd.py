@@ -73,7 +73,7 @@ def _glu_bwd_kernel(
             )
         return dw + jnp.sum(g * a, axis=1)
 
-    dw = jax.lax.fori_loop(0, pl.cdiv(inter, bi), body, jnp.zeros((bm,), jnp.float32))
+    dw = jax.lax.fori_loop(0, jnp.int32(pl.cdiv(inter, bi)), body, jnp.zeros((bm,), jnp.float32))
     plgpu.store(dw_ref.at[rows], dw, mask=row_ok)
 
 

@@ -81,10 +81,10 @@ def _gmm_kernel(
     n_tiles = pl.cdiv(n_out, bn)
     pid = pl.program_id(0)
     band = cfg.group_m * n_tiles
-    first_v = jax.lax.div(pid, band) * cfg.group_m
+    first_v = _common.div(pid, band) * cfg.group_m
     band_rows = jnp.minimum(num_visits - first_v, cfg.group_m)
-    v = first_v + jax.lax.rem(jax.lax.rem(pid, band), band_rows)
-    n0 = jax.lax.div(jax.lax.rem(pid, band), band_rows) * bn
+    v = first_v + _common.rem(_common.rem(pid, band), band_rows)
+    n0 = _common.div(_common.rem(pid, band), band_rows) * bn
 
     g = group_ref[v]
     m0 = m_start_ref[v]
@@ -161,7 +161,7 @@ def _gmm_kernel(
         accs = tuple(
             tuple(jnp.zeros((h, width), jnp.float32) for _, width, _ in blocks) for _, h in segments
         )
-        accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), body, accs)
+        accs = jax.lax.fori_loop(0, jnp.int32(pl.cdiv(k_dim, bk)), body, accs)
         for (off, h), (row_ok, out_mask), seg in zip(segments, row_masks, accs):
             if has_bias:
                 seg = tuple(

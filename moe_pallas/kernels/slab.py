@@ -51,9 +51,9 @@ def _slab_kernel(*refs, cap, dim, bc, bd, gather, sums):
         plgpu.store(slab_ref.at[g, pl.ds(i * bc, bc), pl.ds(d0, bd)], tile, mask=store_mask)
         return acc + jnp.sum(tile.astype(jnp.float32), axis=0) if sums else acc
 
-    acc = jax.lax.fori_loop(0, cap // bc, slab_step, jnp.zeros((bd,), jnp.float32))
+    acc = jax.lax.fori_loop(0, jnp.int32(cap // bc), slab_step, jnp.zeros((bd,), jnp.float32))
     if sums:
-        beyond = pl.cdiv(jnp.maximum(end - start - cap, 0), bc)
+        beyond = pl.cdiv(jnp.maximum(end - start - cap, 0), jnp.int32(bc))
         acc = jax.lax.fori_loop(
             0,
             beyond,

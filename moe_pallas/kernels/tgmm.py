@@ -68,7 +68,7 @@ def _tgmm_kernel(
     g = pl.program_id(2)
     end = group_offsets_ref[g + 1]
     start = jnp.minimum(group_offsets_ref[g] + row_skip, end)
-    steps = pl.cdiv(end - start, bm)
+    steps = pl.cdiv(end - start, jnp.int32(bm))  # int32 operands: x64 would make bm int64
     ks = k0 + jnp.arange(bk, dtype=jnp.int32)
     lhs_cols = lhs_ref.shape[1]  # K, or more with the ones column
     k_tail = bool(k_dim % bk) or rhs_sums

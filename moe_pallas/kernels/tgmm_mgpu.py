@@ -103,9 +103,10 @@ def _kernel(
     last_box_row = lhs_gmem.shape[0] - bm  # a multiple of 8 (the rows are padded to one)
     cta = jax.lax.axis_index("sm")
     # Tiles of each group this CTA owns. Integer division and remainder of traced non-negative
-    # values go through lax.div/rem: with jnp's // and % (jitted helpers) this kernel failed to
-    # lower in jax 0.11.2 ("Shaped arrays must be represented by ir.Values").
-    pairs = jax.lax.div(num_pairs - cta + num_ctas - 1, num_ctas)
+    # values go through lax.div/rem (`_common.div`/`rem`, int32 under x64 too): with jnp's // and %
+    # (jitted helpers) this kernel failed to lower in jax 0.11.2 ("Shaped arrays must be
+    # represented by ir.Values").
+    pairs = _common.div(num_pairs - cta + num_ctas - 1, num_ctas)
     total_steps = pairs * total_boxes_gmem[0]
 
     def advance(c: _Cursor) -> _Cursor:
@@ -122,13 +123,13 @@ def _kernel(
     def tile(j):
         """(k-tile, n-tile) of this CTA's j-th tile of a group."""
         p = cta + j * num_ctas
-        return jax.lax.div(p, n_tiles), jax.lax.rem(p, n_tiles)
+        return _common.div(p, n_tiles), _common.rem(p, n_tiles)
 
     def box(c: _Cursor):
         """(first row of the box, [lo, hi): the rows of it that this step adds)."""
         g = jnp.minimum(c.g, num_groups - 1)
         start, end = group_start_gmem[g], group_end_gmem[g]
-        nominal = jax.lax.div(start, 8) * 8 + c.r * bm
+        nominal = _common.div(start, 8) * 8 + c.r * bm
         a0 = pl.multiple_of(jnp.minimum(nominal, last_box_row), 8)
         return a0, jnp.maximum(start, nominal), jnp.minimum(end, nominal + bm)
 
@@ -156,12 +157,12 @@ def _kernel(
         was issued and box s - 1's is done (its slot is free)."""
 
         def tile_loop(t, carry):
-            g, j = jax.lax.div(t, pairs), jax.lax.rem(t, pairs)
+            g, j = _common.div(t, pairs), _common.rem(t, pairs)
 
             def with_acc(acc_ref):
                 def box_loop(r, carry):
                     s, rest = carry
-                    slot = jax.lax.rem(s, stages)
+                    slot = _common.rem(s, stages)
                     plgpu.barrier_wait(lhs_barriers.at[slot])
                     plgpu.barrier_wait(rhs_barriers.at[slot])
                     a0, lo, hi = box(_Cursor(g, j, r))
@@ -181,7 +182,7 @@ def _kernel(
 
             carry, acc = pl.run_scoped(with_acc, plgpu.ACC((bk, bn)))
             ki, ni = tile(j)
-            buf = jax.lax.rem(t, 2)
+            buf = _common.rem(t, 2)
             plgpu.wait_smem_to_gmem(1, wait_read_only=True)  # buf's last store has read it
             o_smem[buf] = acc.astype(o_smem.dtype)
             plgpu.commit_smem()
@@ -204,7 +205,7 @@ def _kernel(
     def refill(s, producer):  # box s - 1's slot takes the box stages - 1 ahead
         @pl.when(s + stages - 1 < total_steps)
         def _():
-            issue(producer, jax.lax.rem(s + stages - 1, stages))
+            issue(producer, _common.rem(s + stages - 1, stages))
 
         return advance(producer)
 

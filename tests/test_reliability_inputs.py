@@ -1,0 +1,246 @@
+"""Input handling of the public ops under non-default settings and odd inputs
+(docs/reliability.md): jax_enable_x64, meshes from `jax.make_mesh`, NaN in expert weights,
+array-likes and numpy inputs, and error messages that name the user's argument.
+
+Tests that need x64 enable it for their own body only (`jax.enable_x64` is a context manager
+in jax 0.11.2 and part of jit's cache key), so the rest of the suite keeps 32-bit defaults.
+"""
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from moe_pallas import moe_experts, ragged_dot, tgmm
+from moe_pallas.reference import moe_experts_reference
+from tests.helpers import make_params, random_routing
+
+F32, F64, I32 = jnp.float32, jnp.float64, jnp.int32
+
+
+def rel_err(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert np.isfinite(got).all()
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+@pytest.fixture
+def x64():
+    with jax.enable_x64(True):
+        yield
+    assert not jax.config.jax_enable_x64
+
+
+# --- jax_enable_x64 ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["pallas_triton", "xla"])
+def test_ops_and_grads_under_x64_with_float32_operands(x64, impl):
+    """float32 operands and int32 group sizes under x64: the kernels' index arithmetic stays
+    int32 (a Python int next to an int32 value would be int64 there)."""
+    rng = np.random.default_rng()
+    lhs = jnp.asarray(rng.standard_normal((20, 16)), F32)
+    rhs = jnp.asarray(rng.standard_normal((3, 16, 24)), F32)
+    rows = jnp.asarray(rng.standard_normal((20, 24)), F32)
+    sizes = jnp.asarray([7, 0, 11], I32)
+    lhs64, rhs64, rows64 = (np.asarray(a, np.float64) for a in (lhs, rhs, rows))
+    ends = np.cumsum([0, 7, 0, 11])
+    want_dot = np.zeros((20, 24))
+    want_tgmm = np.zeros((3, 16, 24))
+    for g in range(3):
+        r = slice(ends[g], ends[g + 1])
+        want_dot[r] = lhs64[r] @ rhs64[g]
+        want_tgmm[g] = lhs64[r].T @ rows64[r]
+    dot = lambda a, b: ragged_dot(a, b, sizes, implementation=impl)
+    assert dot(lhs, rhs).dtype == F32
+    assert rel_err(dot(lhs, rhs), want_dot) < 1e-5
+    got_tgmm = tgmm(lhs, rows, sizes, implementation=impl)
+    assert got_tgmm.dtype == F32 and rel_err(got_tgmm, want_tgmm) < 1e-5
+    d_lhs, d_rhs = jax.grad(lambda a, b: jnp.sum(dot(a, b) * rows), (0, 1))(lhs, rhs)
+    assert rel_err(d_rhs, want_tgmm) < 1e-5
+    d_lhs_t, d_rows = jax.grad(
+        lambda a, r: jnp.sum(tgmm(a, r, sizes, implementation=impl) * rhs), (0, 1)
+    )(lhs, rows)
+    assert d_lhs.shape == d_lhs_t.shape == lhs.shape and d_rows.shape == rows.shape
+
+
+@pytest.mark.parametrize("impl, activation", [("pallas_triton", "gptoss"), ("xla", "swiglu")])
+def test_moe_experts_under_x64_with_float32_inputs(x64, impl, activation):
+    rng = np.random.default_rng()
+    tokens, hidden, inter, experts, top_k = 12, 16, 24, 4, 2
+    params = make_params(rng, experts, hidden, inter, biases=activation == "gptoss")
+    params = {k: jnp.asarray(v) for k, v in params.items()}
+    idx, w = (jnp.asarray(a) for a in random_routing(rng, tokens, experts, top_k))
+    x = jnp.asarray(rng.standard_normal((tokens, hidden)), F32)
+    cot = jnp.asarray(rng.standard_normal((tokens, hidden)), F32)
+    f = lambda x, w, p: moe_experts(x, idx, w, p, activation=activation, implementation=impl)
+    ref = lambda x, w, p: moe_experts_reference(x, idx, w, p, activation=activation, dtype=F64)
+    out, vjp = jax.vjp(f, x, w, params)
+    want, want_vjp = jax.vjp(ref, *jax.tree.map(lambda a: a.astype(F64), (x, w, params)))
+    assert out.dtype == F32 and rel_err(out, want) < 1e-4
+    got_grads, want_grads = vjp(cot), want_vjp(cot.astype(F64))
+    for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+        assert got.dtype == F32 and rel_err(got, want) < 1e-3
+
+
+def test_mosaic_gpu_kernels_under_x64(x64):
+    """The Mosaic GPU gmm and tgmm (interpret mode) on bf16 with int32 sizes under x64."""
+    from moe_pallas.kernels import gmm_mgpu, tgmm_mgpu
+
+    rng = np.random.default_rng()
+    lhs = jnp.asarray(rng.standard_normal((64, 64)), jnp.bfloat16)
+    rhs = jnp.asarray(rng.standard_normal((2, 64, 64)) / 8, jnp.bfloat16)
+    sizes = jnp.asarray([20, 44], I32)
+    a, b = np.asarray(lhs, np.float64), np.asarray(rhs, np.float64)
+    want = np.concatenate([a[:20] @ b[0], a[20:] @ b[1]])
+    assert rel_err(gmm_mgpu.gmm(lhs, rhs, sizes, out_dtype=F32), want) < 1e-5
+    want_t = np.stack([a[:20].T @ a[:20], a[20:].T @ a[20:]])
+    assert rel_err(tgmm_mgpu.tgmm(lhs, lhs, sizes, out_dtype=F32), want_t) < 1e-5
+
+
+def test_float64_under_x64_runs_on_xla_and_is_refused_by_the_kernels(x64):
+    rng = np.random.default_rng()
+    lhs = jnp.asarray(rng.standard_normal((10, 8)), F64)
+    rhs = jnp.asarray(rng.standard_normal((2, 8, 4)), F64)
+    sizes = jnp.asarray([4, 6], I32)
+    out = ragged_dot(lhs, rhs, sizes, implementation="xla")
+    want = np.concatenate([np.asarray(lhs[:4]) @ np.asarray(rhs[0]), np.asarray(lhs[4:]) @ rhs[1]])
+    assert out.dtype == F64 and rel_err(out, want) < 1e-12
+    for impl in ("pallas_triton", "mosaic_gpu"):
+        with pytest.raises(TypeError, match="lhs is float64.*implementation='xla'"):
+            ragged_dot(lhs, rhs, sizes, implementation=impl)
+        with pytest.raises(TypeError, match="lhs is float64"):
+            tgmm(lhs, lhs, sizes, implementation=impl)
+    params = {k: jnp.asarray(v, F64) for k, v in make_params(rng, 2, 8, 4, biases=False).items()}
+    idx, w = (jnp.asarray(a) for a in random_routing(rng, 10, 2, 1))
+    out = moe_experts(lhs, idx, w, params, activation="swiglu", implementation="xla")
+    want = moe_experts_reference(lhs, idx, w, params, activation="swiglu", dtype=F64)
+    assert out.dtype == F64 and rel_err(out, want) < 1e-12
+    with pytest.raises(TypeError, match="x is float64"):
+        moe_experts(lhs, idx, w, params, activation="swiglu", implementation="pallas_triton")
+
+
+# --- meshes from jax.make_mesh -----------------------------------------------------------------
+
+MAKE_MESH_CASE = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax, jax.numpy as jnp, numpy as np
+import moe_pallas
+from moe_pallas.reference import moe_experts_reference
+rng = np.random.default_rng()
+x = jnp.asarray(rng.standard_normal((6, 16)), jnp.float32)
+idx = jnp.asarray(rng.integers(0, 4, (6, 2)), jnp.int32)
+w = jnp.asarray(rng.random((6, 2)) + 0.1, jnp.float32)
+p = {"w_gate_up": jnp.asarray(rng.standard_normal((4, 16, 32)) / 4, jnp.float32),
+     "w_down": jnp.asarray(rng.standard_normal((4, 16, 16)) / 4, jnp.float32)}
+mesh = jax.make_mesh((2,), ("expert",))
+assert mesh.axis_types == (jax.sharding.AxisType.Explicit,)
+loss = lambda x, w, p: jnp.sum(moe_pallas.moe_experts(
+    x, idx, w, p, activation="swiglu", implementation="xla", mesh=mesh) ** 2)
+with jax.enable_x64(True):
+    ref = lambda x, w, p: jnp.sum(moe_experts_reference(
+        x, idx, w, p, activation="swiglu", dtype=jnp.float64) ** 2)
+    want = jax.grad(ref, (0, 1, 2))(*jax.tree.map(lambda a: a.astype(jnp.float64), (x, w, p)))
+    want = jax.tree.map(np.asarray, want)
+got = jax.grad(loss, (0, 1, 2))(x, w, p)  # outside jit and outside any mesh context
+errs = [np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b)
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want))]
+print("ERRS", max(errs))
+"""
+
+
+def test_grad_with_a_make_mesh_mesh_outside_jit():
+    """`jax.make_mesh` gives Explicit axes in jax 0.11; moe_experts runs them as Auto outside a
+    mesh context, so jax.grad works as with `moe_pallas.expert_mesh()` (2 CPU devices, in a
+    subprocess: the device count is fixed when jax starts)."""
+    run = subprocess.run(
+        [sys.executable, "-c", MAKE_MESH_CASE],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    err = float(run.stdout.split("ERRS")[-1])
+    assert err < 1e-4, err
+
+
+# --- memory of the layer's construction --------------------------------------------------------
+
+
+def _layer_init(experts, hidden, inter):
+    from flax import nnx
+
+    from moe_pallas import MoE
+
+    def init(key):
+        layer = MoE(
+            hidden,
+            inter,
+            experts,
+            4,
+            activation="gptoss",
+            param_dtype=jnp.bfloat16,
+            rngs=nnx.Rngs(key),
+        )
+        return nnx.state(layer)
+
+    return init
+
+
+def test_layer_construction_peak_memory_is_about_the_parameters():
+    """The expert weights are drawn one expert at a time: XLA's planned temporaries plus outputs
+    of the jitted constructor stay within 1.5x the parameter bytes (drawing [E, H, 2I] at once
+    in float32 needed 7.7x here, 8x at gpt-oss size)."""
+    init = _layer_init(32, 256, 256)
+    key = jax.random.key(0)
+    param_bytes = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(jax.eval_shape(init, key)))
+    memory = jax.jit(init).lower(key).compile().memory_analysis()
+    used = memory.temp_size_in_bytes + memory.output_size_in_bytes
+    assert used <= 1.5 * param_bytes, (used, param_bytes)
+
+
+def test_expert_weights_keep_the_fan_in_truncated_normal_law():
+    """Per expert: truncated normal on ±2 sigma, variance 1 / fan_in (fan_in = H for w_gate_up,
+    I for w_down), each expert drawn from its own key."""
+    state = _layer_init(8, 128, 64)(jax.random.key(int(np.random.default_rng().integers(2**31))))
+    for name, fan_in in (("w_gate_up", 128), ("w_down", 64)):
+        w = np.asarray(state[name][...], np.float64)
+        assert abs(w.std() / np.sqrt(1 / fan_in) - 1) < 0.03, (name, w.std())
+        assert np.abs(w).max() <= 2 * np.sqrt(1 / fan_in) / 0.87962566103423978 * 1.01
+        assert abs(w.mean()) < 0.03 * np.sqrt(1 / fan_in)
+        assert not np.array_equal(w[0], w[1])  # distinct experts
+
+
+# --- NaN in one expert's weights ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas_triton"])
+def test_nan_expert_weight_reaches_exactly_that_experts_tokens(impl):
+    """NaN in w_gate_up[3]: exactly the tokens routed to expert 3 are NaN, the others bitwise
+    unchanged. (An Inf there may legitimately give finite outputs: gpt-oss clamps h at 7.)"""
+    rng = np.random.default_rng()
+    tokens, experts = 10, 5
+    params = make_params(rng, experts, 16, 16, biases=True)
+    params = {k: jnp.asarray(v) for k, v in params.items()}
+    idx, w = random_routing(rng, tokens, experts, 2)
+    idx[:3, 0] = 3  # at least three tokens use expert 3, and some do not
+    idx[3:, :] = np.where(idx[3:] == 3, 4, idx[3:])
+    idx[3:, 1] = np.where(idx[3:, 0] == 4, 0, idx[3:, 1])
+    idx[:3, 1] = np.where(idx[:3, 1] == 3, 1, idx[:3, 1])
+    routed_to_3 = (idx == 3).any(axis=1)
+    assert 0 < routed_to_3.sum() < tokens
+    x = jnp.asarray(rng.standard_normal((tokens, 16)), F32)
+    bad_params = dict(params, w_gate_up=params["w_gate_up"].at[3, 5, 7].set(jnp.nan))
+    f = jax.jit(
+        lambda p: moe_experts(
+            x, jnp.asarray(idx), jnp.asarray(w), p, activation="gptoss", implementation=impl
+        )
+    )
+    clean, out = np.asarray(f(params)), np.asarray(f(bad_params))
+    assert not np.isfinite(out[routed_to_3]).all(axis=1).any()  # every such token sees it
+    np.testing.assert_array_equal(out[~routed_to_3], clean[~routed_to_3])
