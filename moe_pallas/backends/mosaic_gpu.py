@@ -37,7 +37,10 @@ def available() -> bool:
 
 def supports(problem: backends.Problem) -> bool:
     """One 16-bit dtype (wgmma's inputs) and the shapes its TMA boxes tile: K and N multiples of
-    16 for gmm, K of 64 (one warpgroup's wgmma M) and N of 16 for tgmm."""
+    16 for gmm, K of 64 (one warpgroup's wgmma M) and N of 16 for tgmm; no quantised
+    weights."""
+    if problem.weight_format is not None:
+        return False
     if problem.dtype is None or problem.dtype not in _gmm_mgpu.DTYPES:
         return False
     k_unit = 64 if problem.kernel == "tgmm" else 16
