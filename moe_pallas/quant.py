@@ -9,6 +9,9 @@ params of `moe_experts`, `ragged_dot` and the `MoE` layer's forward. Its logical
   - "fp8_block": values float8_e4m3fn [E, K, N], scales float32 [E, ceil(K/128), ceil(N/128)]
     (DeepSeek-V3's `weight_scale_inv`, transposed to the [K, N] layout):
         w[e, k, n] = values[e, k, n] · scales[e, k // 128, n // 128]
+    or scales [E, ceil(K/128), N], one per column and 128-row block, w = values · scales[e,
+    k // 128, n] (the loader's form for a gate|up pair whose halves do not fill whole 128-column
+    blocks; the two forms coincide at N = 1).
   - "mxfp4" (OCP microscaling, as gpt-oss publishes its experts): values uint8 [E, K/2, N], two
     e2m1 codes per byte, scales uint8 [E, K/32, N] (e8m0: 2^(code − 127), one per 32 values of K):
         w[e, k, n] = e2m1(code[e, k, n]) · 2^(scales[e, k // 32, n] − 127)
@@ -67,6 +70,13 @@ class QuantizedWeight:
     def ndim(self) -> int:
         return 3
 
+    def __getitem__(self, index):
+        # `variable[...]` of an `nnx.Param` holding this weight (the `MoE` layer reads its
+        # parameters so); slicing the stored arrays has no meaning for the logical weight.
+        if index is Ellipsis:
+            return self
+        raise TypeError("a QuantizedWeight supports only w[...]; dequantize() it to slice.")
+
     def astype(self, dtype) -> "QuantizedWeight":
         return dataclasses.replace(self, dtype=jnp.dtype(dtype))
 
@@ -86,8 +96,10 @@ def _check_fmt(fmt):
 
 
 def _expand_blocks(scales, k, n):
-    """[E, ceil(K/128), ceil(N/128)] block scales -> [E, K, N]."""
-    s = jnp.repeat(jnp.repeat(scales, FP8_BLOCK, axis=1), FP8_BLOCK, axis=2)
+    """[E, ceil(K/128), ceil(N/128)] block (or [E, ceil(K/128), N] column) scales -> [E, K, N]."""
+    s = jnp.repeat(scales, FP8_BLOCK, axis=1)
+    if s.shape[2] != n:
+        s = jnp.repeat(s, FP8_BLOCK, axis=2)
     return s[:, :k, :n]
 
 

@@ -175,3 +175,43 @@ def test_ragged_dot_quantised_and_errors():
         quant.quantize_weight(jnp.zeros((1, 96, 8)), "mxfp4")
     with pytest.raises(ValueError, match="fmt="):
         moe_pallas.quantize_experts({"w_down": w}, "int4")
+
+
+def test_layer_and_checkpoints_kept_as_stored():
+    """load_experts(dequantize=False): gpt-oss MXFP4 and per-expert FP8 (I = 136: per-column
+    factors) as stored, decoding bit for bit to the dense load; an NNX layer holding them runs."""
+    from flax import nnx
+
+    from tests.test_weights import PREFIX, fp8_tensors, gpt_oss_mxfp4_tensors
+
+    rng = np.random.default_rng()
+    for tensors, layout, prefix, fmt in (
+        (gpt_oss_mxfp4_tensors(rng, inter=64), "gpt_oss", "", "mxfp4"),
+        (fp8_tensors(rng), "per_expert", PREFIX, "fp8_block"),
+    ):
+        stored = moe_pallas.load_experts(tensors, layout, prefix=prefix, dequantize=False)
+        dense = moe_pallas.load_experts(tensors, layout, prefix=prefix)
+        for name in ("w_gate_up", "w_down"):
+            assert stored[name].fmt == fmt and stored[name].shape == dense[name].shape
+            np.testing.assert_array_equal(
+                np.asarray(stored[name].dequantize(), np.float32),
+                np.asarray(dense[name], np.float32),
+            )
+    # the last (FP8 SwiGLU) experts in an NNX layer: forward as the layer on the dense weights
+    num_experts, hidden, two_inter = dense["w_gate_up"].shape
+    layer = moe_pallas.MoE(
+        hidden_size=hidden,
+        intermediate_size=two_inter // 2,
+        num_experts=num_experts,
+        top_k=2,
+        param_dtype=jnp.bfloat16,
+        rngs=nnx.Rngs(0),
+    )
+    x = jnp.asarray(rng.standard_normal((3, hidden)), jnp.bfloat16)
+    moe_pallas.set_expert_params(layer, dense)
+    want = layer(x)
+    moe_pallas.set_expert_params(layer, stored)
+    assert quant.is_quantized(layer.w_gate_up[...])
+    assert rel_err(layer(x), want) < BF16_BOUND
+    with pytest.raises(ValueError, match="dequantize=True"):
+        moe_pallas.load_experts(gpt_oss_mxfp4_tensors(rng), "gpt_oss", dequantize=False)

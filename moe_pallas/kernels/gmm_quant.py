@@ -8,7 +8,7 @@ Each format puts its scale where it costs least:
   - "fp8": the scale is per output column and commutes with the K sum, so the accumulator is
     multiplied once after the K loop: acc[m, n] · s[n], not each weight element.
   - "fp8_block": the scale is constant over each 128-row K block; block_k divides 128, so each
-    K step's partial dot is scaled: acc += dot(x, q) · s[k0 // 128, n]. The [E, K/128, N/128]
+    K step's partial dot is scaled: acc += dot(x, q) · s[k0 // 128, n]. [E, K/128, N/128]
     scales are widened to per-column [E, K/128, N] per call (1/32 of the fp8 bytes), so a tile
     needs no alignment to the 128-column blocks (SwiGLU's up half starts at column I).
   - "mxfp4": a scale per 32 values of K: each step takes 32 byte rows r0.., their low nibbles
@@ -237,7 +237,7 @@ def gmm_quant(
     cfg = (config or BlockConfig()).fit(num_rows, k_dim, n_out)
     cfg = dataclasses.replace(cfg, block_k=min(cfg.block_k, FP8_BLOCK), tail_m=0)
     scales = rhs.scales
-    if fmt == "fp8_block":  # per-column within each 128-row block (module docstring)
+    if fmt == "fp8_block" and scales.shape[2] != n_dim:  # per column (module docstring)
         scales = jnp.repeat(scales.astype(jnp.float32), FP8_BLOCK, axis=2)[:, :, :n_dim]
     sched = dispatch.tile_schedule(
         _common.clamp_group_ends(group_sizes, num_rows), num_rows, cfg.block_m
