@@ -34,6 +34,7 @@ in float32 and rounded once to the requested dtype.
 """
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 
 import jax
@@ -58,8 +59,8 @@ class QuantizedWeight:
 
     values: jax.Array
     scales: jax.Array
-    fmt: str = dataclasses.field(metadata=dict(static=True))
-    dtype: jnp.dtype = dataclasses.field(metadata=dict(static=True))
+    fmt: str = dataclasses.field(metadata={"static": True})
+    dtype: jnp.dtype = dataclasses.field(metadata={"static": True})
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -83,7 +84,7 @@ class QuantizedWeight:
     def dequantize(self, dtype=None) -> jax.Array:
         """The dense `[E, K, N]` weight in `dtype` (default the logical dtype), computed in
         float32 and rounded once."""
-        return _dequantize(self).astype(dtype or self.dtype)
+        return _dequantize(self, jnp.dtype(dtype or self.dtype))
 
 
 def is_quantized(w) -> bool:
@@ -109,15 +110,18 @@ def mxfp4_codes(values):
     return jnp.concatenate([v & 0xF, v >> 4], axis=1)
 
 
-def _dequantize(qw: QuantizedWeight) -> jax.Array:
+@functools.partial(jax.jit, static_argnames="dtype")
+def _dequantize(qw: QuantizedWeight, dtype) -> jax.Array:
     if qw.fmt == "fp8":
-        return qw.values.astype(jnp.float32) * qw.scales.astype(jnp.float32)[:, None, :]
-    if qw.fmt == "fp8_block":
+        w = qw.values.astype(jnp.float32) * qw.scales.astype(jnp.float32)[:, None, :]
+    elif qw.fmt == "fp8_block":
         _, k, n = qw.values.shape
-        return qw.values.astype(jnp.float32) * _expand_blocks(qw.scales.astype(jnp.float32), k, n)
-    values = jnp.asarray(E2M1)[mxfp4_codes(qw.values)]
-    exps = jnp.repeat(qw.scales.astype(jnp.int32) - 127, MX_BLOCK, axis=1)
-    return jnp.ldexp(values, exps)
+        w = qw.values.astype(jnp.float32) * _expand_blocks(qw.scales.astype(jnp.float32), k, n)
+    else:
+        values = jnp.asarray(E2M1)[mxfp4_codes(qw.values)]
+        exps = jnp.repeat(qw.scales.astype(jnp.int32) - 127, MX_BLOCK, axis=1)
+        w = jnp.ldexp(values, exps)
+    return w.astype(dtype)
 
 
 def _fp8_values(w, scale):
@@ -143,7 +147,19 @@ def quantize_weight(w: jax.Array, fmt: str) -> QuantizedWeight:
     _check_fmt(fmt)
     w = jnp.asarray(w)
     if w.ndim != 3 or not jnp.issubdtype(w.dtype, jnp.floating):
-        raise ValueError(f"quantize_experts needs floating [E, K, N] weights, got {w.dtype}{list(w.shape)}.")
+        raise ValueError(
+            f"quantize_experts needs floating [E, K, N] weights, got {w.dtype}{list(w.shape)}."
+        )
+    if fmt == "mxfp4" and w.shape[1] % (2 * MX_BLOCK):
+        raise ValueError(
+            f"mxfp4 packs K values as two halves of 32-value blocks: K={w.shape[1]} must be a "
+            "multiple of 64 (gpt-oss's 2880 is); use fmt='fp8' for this weight."
+        )
+    return _quantize(w, fmt)
+
+
+@functools.partial(jax.jit, static_argnames="fmt")
+def _quantize(w, fmt):
     e, k, n = w.shape
     wf = w.astype(jnp.float32)
     if fmt == "fp8":
@@ -155,11 +171,6 @@ def quantize_weight(w: jax.Array, fmt: str) -> QuantizedWeight:
         absmax = padded.reshape(e, kb, FP8_BLOCK, nb, FP8_BLOCK).max(axis=(2, 4))
         scales = _safe_scale(absmax)
         return QuantizedWeight(_fp8_values(wf, _expand_blocks(scales, k, n)), scales, fmt, w.dtype)
-    if k % (2 * MX_BLOCK):
-        raise ValueError(
-            f"mxfp4 packs K values as two halves of 32-value blocks: K={k} must be a multiple of "
-            "64 (gpt-oss's 2880 is); use fmt='fp8' for this weight."
-        )
     blocks = wf.reshape(e, k // MX_BLOCK, MX_BLOCK, n)
     absmax = jnp.max(jnp.abs(blocks), axis=2)
     _, exp = jnp.frexp(absmax)  # absmax = m · 2^exp, m in [0.5, 1): floor(log2) = exp - 1
