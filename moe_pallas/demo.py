@@ -8,7 +8,8 @@ The oracle is `reference.moe_experts_reference` in float64 off GPU, float32 at H
 on a GPU (a float64 copy of the full-size experts would not fit beside them).
 With `--checkpoint PATH` (a .safetensors file or a folder of shards) the experts come from a
 checkpoint instead (`weights.load_experts`: gpt-oss, MXFP4 included, or per-expert SwiGLU
-weights, FP8 included), fed random tokens and routing. Exit status 1 if any result is outside
+weights, FP8 included; kept as stored, `moe_pallas.quant`, unless `--dequantize`), fed random
+tokens and routing. Exit status 1 if any result is outside
 its error bound (bf16: 2e-2, float32: 5e-3 relative Frobenius error, which admits TF32
 tensor-core matmuls on GPU); 2 for a bad argument.
 """
@@ -28,6 +29,7 @@ import numpy as np
 from moe_pallas.backends import IMPLEMENTATIONS
 from moe_pallas.backends import resolve as resolve_implementation
 from moe_pallas.experts import moe_experts
+from moe_pallas.quant import dequantize_experts
 from moe_pallas.reference import moe_experts_reference
 from moe_pallas.routing import route
 from moe_pallas.safetensors_io import read_safetensors
@@ -94,10 +96,22 @@ def make_case(workload: Workload, size: str, dtype, seed: int = 0):
     return workload, (*_tokens_and_routing(workload, tokens, dtype, keys[4]), params)
 
 
-def checkpoint_case(path, layout: str, prefix: str, top_k: int, tokens: int, dtype, seed: int = 0):
-    """The experts of a checkpoint file (`load_experts(read_safetensors(path), layout, prefix=)`,
-    in `dtype`) with random tokens routed to top_k of them; returns (workload, case) as make_case."""
-    params = load_experts(read_safetensors(path), layout, prefix=prefix, dtype=dtype)
+def checkpoint_case(
+    path,
+    layout: str,
+    prefix: str,
+    top_k: int,
+    tokens: int,
+    dtype,
+    seed: int = 0,
+    dequantize: bool = False,
+):
+    """The experts of a checkpoint file (`load_experts(read_safetensors(path), layout, prefix=,
+    dequantize=)`, in `dtype`; quantised weights kept as stored unless dequantize) with random
+    tokens routed to top_k of them; returns (workload, case) as make_case."""
+    params = load_experts(
+        read_safetensors(path), layout, prefix=prefix, dtype=dtype, dequantize=dequantize
+    )
     num_experts, hidden, two_inter = params["w_gate_up"].shape
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"--top-k={top_k} must be in [1, {num_experts}] (the file's experts).")
@@ -162,7 +176,9 @@ def _oracle(workload: Workload, case, chunk: int) -> np.ndarray:
         oracle = functools.partial(
             moe_experts_reference, activation=workload.activation, dtype=dtype, chunk=chunk
         )
-        return np.asarray(jax.jit(oracle)(*case))
+        x, topk_idx, topk_weight, params = case
+        dense = dequantize_experts(params, jnp.float32)  # quantised weights decoded exactly
+        return np.asarray(jax.jit(oracle)(x, topk_idx, topk_weight, dense))
 
 
 def run(cases, implementations: str | Sequence[str], repeats: int = 5) -> list[dict]:
@@ -284,6 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tokens", type=int, default=256, help="with --checkpoint: random tokens (default: 256)"
     )
+    parser.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="with --checkpoint: load MXFP4 / FP8 experts as dense weights (default: as stored)",
+    )
     args = parser.parse_args(argv)
     if args.tokens < 1:
         parser.error(f"argument --tokens: must be at least 1, got {args.tokens}")
@@ -294,7 +315,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.checkpoint:
         try:
             case = checkpoint_case(
-                args.checkpoint, args.layout, args.prefix, args.top_k, args.tokens, dtype
+                args.checkpoint,
+                args.layout,
+                args.prefix,
+                args.top_k,
+                args.tokens,
+                dtype,
+                dequantize=args.dequantize,
             )
         except (OSError, ValueError) as err:
             parser.error(str(err))  # exits with status 2

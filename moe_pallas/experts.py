@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moe_pallas import backends, debug, fused, ops, parallel
+from moe_pallas import backends, debug, fused, ops, parallel, quant
 from moe_pallas.activations import ACTIVATIONS, Activation
 from moe_pallas.backends import Implementation
 
@@ -129,7 +129,8 @@ def moe_experts(
       topk_idx: expert ids `[T, k]`, integer; ids outside [0, E) contribute zero.
       topk_weight: routing weights `[T, k]`, floating.
       params: `w_gate_up [E, H, 2I]`, `w_down [E, I, H]` (x's dtype), optional `b_gate_up [E, 2I]`,
-        `b_down [E, H]`; a mapping, a `moe_pallas.MoE` layer (its `expert_params()`), or an
+        `b_down [E, H]`; the weights may be `moe_pallas.QuantizedWeight`s (`quantize_experts`;
+        forward and gradients of x and topk_weight, none of the weights); a mapping, a `moe_pallas.MoE` layer (its `expert_params()`), or an
         object with these attributes.
       activation: "swiglu" (gate = first I columns of gate_up) or "gptoss" (gate = even columns,
         clamped GLU with alpha 1.702, limit 7).
@@ -153,6 +154,12 @@ def moe_experts(
     params = validate(x, topk_idx, topk_weight, params, activation)
     policy = backends.resolve(implementation)
     ops.check_kernel_dtype("x", x, policy)
+    params = {k: quant.guard_gradients(v) for k, v in params.items()}
+    if (mesh is not None or return_stats) and any(map(quant.is_quantized, params.values())):
+        raise ValueError(
+            "quantised expert weights run on one device only (mesh=None, return_stats=False); "
+            "pass moe_pallas.dequantize_experts(params) for the expert-parallel path."
+        )
     if mesh is not None or return_stats:  # (parallel checks routing itself, mesh-wide)
         out, stats = parallel.moe_experts_parallel(
             x,

@@ -41,6 +41,11 @@ a float32 oracle at full gpt-oss/SwiGLU shapes. float32 inputs run the Pallas do
 tensor cores (unit roundoff 2^-11): about 1e-3; gpt-oss gradients of x and w_gate_up can be
 ~7e-3 off the exact ones, where TF32-rounded operands move a pre-activation across the clamp at
 ±7 (docs/reliability.md). On CPU (interpret mode) float32 is exact float32 arithmetic.
+
+Quantised weights (`moe_pallas.quant.QuantizedWeight`): the forward's gmm calls stream them as
+stored; the backward's products with wᵀ (g and dx) dequantise per call (`moe_pallas.backends`);
+their weight gradients are None (asking for them is refused at the API, `quant.guard_gradients`)
+and the bias gradients are per-expert segment sums of dy and dh.
 """
 
 import functools
@@ -48,7 +53,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from moe_pallas import backends
+from moe_pallas import backends, quant
 from moe_pallas import dispatch as _dispatch
 from moe_pallas.activations import glu, split_gate_up
 
@@ -129,6 +134,14 @@ def _fused_bwd(activation, policy, residuals, dout):
         ("down", a, dy, None),
         ("gate_up", x, dh, d.row_token),
     ):
+        if quant.is_quantized(params[f"w_{name}"]):  # no weight gradient (quant.guard_gradients)
+            grads[f"w_{name}"] = None
+            if f"b_{name}" in params:
+                sums = jax.ops.segment_sum(
+                    rhs.astype(jnp.float32), row_expert, num_segments=num_experts + 1
+                )[:num_experts]
+                grads[f"b_{name}"] = sums.astype(params[f"b_{name}"].dtype)
+            continue
         out = backends.tgmm(
             policy,
             lhs,

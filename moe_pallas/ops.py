@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moe_pallas import backends, debug
+from moe_pallas import backends, debug, quant
 from moe_pallas.kernels._common import clamp_group_sizes
 
 
@@ -76,6 +76,8 @@ def _ragged_dot_fwd(lhs, rhs, group_sizes, out_dtype, policy):
 def _ragged_dot_bwd(out_dtype, policy, res, d_out):
     lhs, rhs, group_sizes = res
     d_lhs = backends.gmm(policy, d_out, rhs, group_sizes, transpose_rhs=True, out_dtype=lhs.dtype)
+    if quant.is_quantized(rhs):  # no weight gradient (quant.guard_gradients)
+        return d_lhs, None, _zero_cotangent(group_sizes)
     d_rhs = backends.tgmm(policy, lhs, d_out, group_sizes, out_dtype=rhs.dtype)
     return d_lhs, d_rhs, _zero_cotangent(group_sizes)
 
@@ -115,7 +117,9 @@ def ragged_dot(
     lhs `[M, K]`, rhs `[G, K, N]`, group_sizes `[G]` integer (consecutive row counts, summing to
     at most M; rows past the sum are zero; negative sizes count as 0 and a sum past M is cut at
     M, see `moe_pallas.debug_checks` to make them errors). Returns `[M, N]` in `preferred_element_type`
-    (default: the promoted input dtype), accumulating in float32.
+    (default: the promoted input dtype), accumulating in float32. rhs may be a
+    `moe_pallas.QuantizedWeight` (its logical dtype counts): streamed as stored on the Pallas
+    backends, dequantised per call on "xla"; differentiable in lhs only.
     """
     policy = backends.resolve(implementation)
     if lhs.ndim != 2:
@@ -135,6 +139,9 @@ def ragged_dot(
     check_kernel_dtype("rhs", rhs, policy)
     group_sizes = _check_group_sizes(group_sizes, rhs.shape[0], lhs.shape[0])
     out_dtype = _out_dtype(lhs, rhs, preferred_element_type)
+    rhs = quant.guard_gradients(rhs)
+    if policy == "xla" and quant.is_quantized(rhs):  # a dense copy per call
+        rhs = rhs.dequantize()
     if policy == "xla":
         return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=out_dtype)
     return _ragged_dot_vjp(lhs, rhs, group_sizes, out_dtype, policy)

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moe_pallas import quant
 from moe_pallas.layer import MoE
 
 Layout = Literal["gpt_oss", "per_expert"]
@@ -118,7 +119,41 @@ def _dequantize_mxfp4(
     return dense
 
 
-def _load_gpt_oss(tensors, prefix, quantised_dtype):
+@jax.jit
+def _mxfp4_stored(blocks, scales):
+    """gpt-oss's blocks [E, N, K/32, 16] / scales [E, N, K/32] -> `quant`'s "mxfp4" values
+    [E, K/2, N] (byte row r: k = r low nibble, k = r + K/2 high) and scales [E, K/32, N]:
+    integer ops only, the codes unchanged."""
+    codes = jnp.stack([blocks & 0xF, blocks >> 4], axis=-1).reshape(*blocks.shape[:2], -1)
+    codes = jnp.swapaxes(codes, 1, 2)  # [E, K, N]
+    half = codes.shape[1] // 2
+    return codes[:, :half] | (codes[:, half:] << 4), jnp.swapaxes(scales, 1, 2)
+
+
+def _stored_mxfp4(tensors, prefix, name, shape, dtype) -> quant.QuantizedWeight:
+    blocks, scales = (_get(tensors, f"{prefix}{name}_{part}") for part in ("blocks", "scales"))
+    experts, k, n = shape
+    if k % 64:
+        raise ValueError(
+            f"{name}: its input dimension {k} is not a multiple of 64, which the stored MXFP4 "
+            "layout needs (quant's two nibble halves); pass dequantize=True."
+        )
+    for part, array, want in (
+        ("blocks", blocks, (experts, n, k // 32, 16)),
+        ("scales", scales, (experts, n, k // 32)),
+    ):
+        if array.dtype != jnp.uint8:
+            raise ValueError(f"{name}_{part} must be uint8 (MXFP4), got {array.dtype}.")
+        _check_shape(f"{name}_{part}", array, want)
+    if bool(jnp.any(scales == _E8M0_NAN)):
+        raise ValueError(
+            f"{name}_scales holds the NaN scale code {_E8M0_NAN}: the checkpoint is corrupt."
+        )
+    values, stored_scales = _mxfp4_stored(blocks, scales)
+    return quant.QuantizedWeight(values, stored_scales, "mxfp4", jnp.dtype(dtype))
+
+
+def _load_gpt_oss(tensors, prefix, quantised_dtype, dequantize=True):
     if prefix + "gate_up_proj_blocks" in tensors:
         blocks = _get(tensors, prefix + "gate_up_proj_blocks")
         if blocks.ndim != 4 or blocks.shape[3] != 16:
@@ -142,7 +177,8 @@ def _load_gpt_oss(tensors, prefix, quantised_dtype):
     params = {}
     for name, source in _GPT_OSS.items():
         if prefix + source + "_blocks" in tensors:
-            params[name] = _dequantize_mxfp4(tensors, prefix, source, shapes[name], quantised_dtype)
+            load = _dequantize_mxfp4 if dequantize else _stored_mxfp4
+            params[name] = load(tensors, prefix, source, shapes[name], quantised_dtype)
         else:
             params[name] = _get(tensors, prefix + source)
             _check_shape(source, params[name], shapes[name])
@@ -153,9 +189,11 @@ _FP8_BLOCK = 128  # the block edge of the FP8 checkpoints' weight_scale_inv
 _FLOAT_DTYPES = tuple(jnp.dtype(d) for d in (jnp.float16, jnp.bfloat16, jnp.float32, jnp.float64))
 
 
-def _per_expert_weight(tensors, key: str, shape: tuple[int, int], quantised_dtype) -> jax.Array:
+def _per_expert_weight(
+    tensors, key: str, shape: tuple[int, int], quantised_dtype, dequantize=True
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """tensors[key] [out, in], checked against shape; an FP8 one times its block factors
-    (module doc), in `quantised_dtype`."""
+    (module doc), in `quantised_dtype`, or without dequantize its (values, factors)."""
     weight = _get(tensors, key)
     _check_shape(key, weight, shape)
     scale_key = key + "_scale_inv"
@@ -172,6 +210,10 @@ def _per_expert_weight(tensors, key: str, shape: tuple[int, int], quantised_dtyp
         )
     scale = _get(tensors, scale_key)
     _check_shape(scale_key, scale, tuple(-(-d // _FP8_BLOCK) for d in shape))
+    if not dequantize:
+        if weight.dtype != jnp.float8_e4m3fn:
+            raise ValueError(f"{key} is {weight.dtype}; kept as stored it must be float8_e4m3fn.")
+        return weight, scale.astype(jnp.float32)
     return _fp8_dense(weight, scale, quantised_dtype)
 
 
@@ -182,7 +224,27 @@ def _fp8_dense(weight, scale, dtype):
     return (weight.astype(jnp.float32) * factor[: weight.shape[0], : weight.shape[1]]).astype(dtype)
 
 
-def _load_per_expert(tensors, prefix, quantised_dtype):
+def _stack_fp8(parts, inter, dtype, fp8) -> quant.QuantizedWeight:
+    """Per expert the ([out, in] values, [out/128, in/128] factors) of each part (gate and up, or
+    down), transposed to `quant`'s "fp8_block" [E, K, N] and [E, K/128, N/128] layout, the parts
+    concatenated along N; where I is not a multiple of 128, the up half's columns start inside a
+    block, and the factors are stored per column, [E, K/128, N]."""
+    if not all(fp8):
+        raise ValueError(
+            "an expert mixes FP8 and float weights; pass dequantize=True to load it dense."
+        )
+    per_column = len(parts[0]) > 1 and inter % _FP8_BLOCK
+
+    def columns(v, s):  # [K/128, N/128] factors, per column where gate|up split a block
+        s = s.T
+        return jnp.repeat(s, _FP8_BLOCK, axis=1)[:, : v.shape[0]] if per_column else s
+
+    values = jnp.stack([jnp.concatenate([v.T for v, _ in expert], axis=1) for expert in parts])
+    scales = jnp.stack([jnp.concatenate([columns(*p) for p in expert], axis=1) for expert in parts])
+    return quant.QuantizedWeight(values, scales, "fp8_block", jnp.dtype(dtype))
+
+
+def _load_per_expert(tensors, prefix, quantised_dtype, dequantize=True):
     found = {}
     for key in tensors:
         match = _PER_EXPERT.fullmatch(key[len(prefix) :]) if key.startswith(prefix) else None
@@ -215,24 +277,45 @@ def _load_per_expert(tensors, prefix, quantised_dtype):
         "up_proj": (inter, hidden),
         "down_proj": (hidden, inter),
     }
+    stored = []
     for e in range(num_experts):
         weight = {
-            p: _per_expert_weight(tensors, f"{prefix}{e}.{name[p]}.weight", shape, quantised_dtype)
+            p: _per_expert_weight(
+                tensors, f"{prefix}{e}.{name[p]}.weight", shape, quantised_dtype, dequantize
+            )
             for p, shape in shapes.items()
         }
+        stored += [isinstance(w, tuple) for w in weight.values()]
+        if any(stored):
+            gate_up.append((weight["gate_proj"], weight["up_proj"]))
+            down.append((weight["down_proj"],))
+            continue
         gate_up.append(jnp.concatenate([weight["gate_proj"].T, weight["up_proj"].T], axis=1))
         down.append(weight["down_proj"].T)
+    if any(stored):
+        return {
+            "w_gate_up": _stack_fp8(gate_up, inter, quantised_dtype, stored),
+            "w_down": _stack_fp8(down, inter, quantised_dtype, stored),
+        }
     return {"w_gate_up": jnp.stack(gate_up), "w_down": jnp.stack(down)}
 
 
 def load_experts(
-    tensors: Mapping[str, Any], layout: Layout, *, prefix: str = "", dtype: Any = None
+    tensors: Mapping[str, Any],
+    layout: Layout,
+    *,
+    prefix: str = "",
+    dtype: Any = None,
+    dequantize: bool = True,
 ) -> dict[str, jax.Array]:
     """Build `moe_experts` params (`w_gate_up [E, H, 2I]`, `w_down [E, I, H]`, biases for gpt_oss)
     from checkpoint tensors in `layout` (see the module doc); cast to `dtype` if given. MXFP4 and
     FP8 weights are dequantised to `dtype`, by default bfloat16 (MXFP4 exactly: e2m1 values carry
     2 significant bits); ValueError for a NaN scale code, a value `dtype` cannot hold, or FP8
-    values without their block factors."""
+    values without their block factors. With dequantize=False the quantised weights come back
+    as stored, `moe_pallas.QuantizedWeight`s of logical dtype `dtype` (default bfloat16): gpt-oss
+    MXFP4 as "mxfp4" (input dimensions multiples of 64), FP8 with block factors as "fp8_block"
+    (per-column factors where the intermediate size is not a multiple of 128), transposed to the [K, N] layout once here."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}; use one of {LAYOUTS}.")
     if not isinstance(tensors, Mapping):
@@ -242,8 +325,11 @@ def load_experts(
         )
     quantised_dtype = jnp.dtype(_DEFAULT_QUANTISED_DTYPE if dtype is None else dtype)
     load = _load_gpt_oss if layout == "gpt_oss" else _load_per_expert
-    params = load(tensors, prefix, quantised_dtype)
-    return {k: v if dtype is None else v.astype(dtype) for k, v in params.items()}
+    params = load(tensors, prefix, quantised_dtype, dequantize)
+    return {
+        k: v if dtype is None or quant.is_quantized(v) else v.astype(dtype)
+        for k, v in params.items()
+    }
 
 
 _WEIGHTS, _BIASES = ("w_gate_up", "w_down"), ("b_gate_up", "b_down")
@@ -257,7 +343,10 @@ def _expert_names(layer: MoE) -> tuple[str, ...]:
 def set_expert_params(layer, params: Mapping[str, jax.Array]) -> None:
     """Write expert `params` (from `load_experts`) into an NNX `moe_pallas.MoE` layer, in place,
     cast to the layer's parameter dtype. Shapes and bias presence must match the layer's config;
-    the layer's activation must match the layout ("gptoss" for gpt_oss, "swiglu" for per_expert)."""
+    the layer's activation must match the layout ("gptoss" for gpt_oss, "swiglu" for per_expert).
+    A `QuantizedWeight` (`load_experts(..., dequantize=False)`, `quantize_experts`) is stored in
+    the layer as it is, its logical dtype set to the parameter dtype: the layer's forward and
+    gradients of x run on it; train on dense weights (`dequantize_experts`)."""
     if not isinstance(layer, MoE):
         raise TypeError(f"layer must be a moe_pallas.MoE, got {type(layer).__name__}.")
     expected = set(_expert_names(layer))
@@ -273,12 +362,18 @@ def set_expert_params(layer, params: Mapping[str, jax.Array]) -> None:
             f"params must hold exactly {sorted(expected)} for this layer "
             f"(expert_bias={layer.config.expert_bias}), got {sorted(given)}."
         )
-    values = {name: jnp.asarray(params[name]) for name in sorted(expected)}
+    values = {
+        name: params[name] if quant.is_quantized(params[name]) else jnp.asarray(params[name])
+        for name in sorted(expected)
+    }
     for name, value in values.items():  # check all before writing any: no half-loaded layer
-        _check_shape(f"params[{name!r}]", value, getattr(layer, name).shape)
+        _check_shape(f"params[{name!r}]", value, tuple(getattr(layer, name).shape))
     for name, value in values.items():
         variable = getattr(layer, name)
-        variable[...] = value.astype(variable.dtype)
+        if quant.is_quantized(value) or quant.is_quantized(variable[...]):
+            variable.set_value(value.astype(variable.dtype))  # a QuantizedWeight stays as stored
+        else:
+            variable[...] = value.astype(variable.dtype)
 
 
 def export_experts(

@@ -92,7 +92,7 @@ def test_cli_usage(capsys):
 
 def test_demo_on_checkpoint_files(tmp_path, capsys):
     """--checkpoint: a folder holding a gpt-oss MXFP4 file (given as "dir/") and a per-expert FP8
-    file, each run, checked and named in the table."""
+    file, each run as stored (`moe_pallas.quant`), checked and named in the table."""
     import numpy as np
     import safetensors.flax
     import safetensors.numpy
@@ -102,7 +102,7 @@ def test_demo_on_checkpoint_files(tmp_path, capsys):
     gpt_oss_dir = tmp_path / "gpt_oss_shards"
     gpt_oss_dir.mkdir()
     gpt_oss = gpt_oss_dir / "model.safetensors"
-    tensors = gpt_oss_mxfp4_tensors(np.random.default_rng(0))
+    tensors = gpt_oss_mxfp4_tensors(np.random.default_rng(0), inter=64)  # kept as stored
     safetensors.numpy.save_file(
         {f"model.layers.0.mlp.experts.{k}": v for k, v in tensors.items()}, str(gpt_oss)
     )

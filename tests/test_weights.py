@@ -200,16 +200,18 @@ def mxfp4_reference(blocks, scales):
     return out.transpose(0, 2, 1)
 
 
-def gpt_oss_mxfp4_tensors(rng, scale_range=(112, 132)):
+def gpt_oss_mxfp4_tensors(rng, scale_range=(112, 132), inter=QI):
+    """inter = 64: the smallest I the stored (not dequantised) MXFP4 layout takes."""
+
     def quantised(rows, k):
         blocks = rng.integers(0, 256, (QE, rows, k // 32, 16), dtype=np.uint8)
         return blocks, rng.integers(*scale_range, (QE, rows, k // 32), dtype=np.uint8)
 
-    (gu_blocks, gu_scales), (d_blocks, d_scales) = quantised(2 * QI, QH), quantised(QH, QI)
+    (gu_blocks, gu_scales), (d_blocks, d_scales) = quantised(2 * inter, QH), quantised(QH, inter)
     return {
         "gate_up_proj_blocks": gu_blocks,
         "gate_up_proj_scales": gu_scales,
-        "gate_up_proj_bias": rng.standard_normal((QE, 2 * QI)).astype(np.float32),
+        "gate_up_proj_bias": rng.standard_normal((QE, 2 * inter)).astype(np.float32),
         "down_proj_blocks": d_blocks,
         "down_proj_scales": d_scales,
         "down_proj_bias": rng.standard_normal((QE, QH)).astype(np.float32),

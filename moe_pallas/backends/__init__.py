@@ -24,6 +24,11 @@ The policy. `implementation=` names a policy, resolved once per call by `resolve
   rows class) in the tuning table; else on "pallas_triton". On the H200 that is Mosaic GPU for
   the listed plain gmm shapes and "cublas_slab" (one batched cuBLAS matmul over capacity slabs)
   for 16-bit weight gradients at more than 16 rows per group.
+Quantised weights (`moe_pallas.quant`): a gmm whose rhs is a `QuantizedWeight` carries its
+`weight_format` in the Problem; "pallas_triton" runs it (`kernels.gmm_quant`, the weights
+converted on chip), Mosaic GPU does not support it, so "auto" and "mosaic_gpu" give it to
+"pallas_triton" on a GPU; "xla" (and so "auto" off GPU) materialises the dense weight per call.
+Products with a transposed quantised weight (the backward's dx) are dequantised per call.
 `ragged_dot`, `tgmm`, the fused expert block and the expert-parallel path all call `gmm`, `tgmm`
 and `block_ops` below, so one policy decides for all of them.
 
@@ -38,7 +43,7 @@ from typing import Literal, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from moe_pallas import tuning
+from moe_pallas import quant, tuning
 
 Implementation = Literal["auto", "pallas_triton", "mosaic_gpu", "xla"]
 IMPLEMENTATIONS: tuple[str, ...] = ("auto", "pallas_triton", "mosaic_gpu", "xla")
@@ -56,6 +61,7 @@ class Problem(NamedTuple):
     num_groups: int
     gather: bool  # lhs read through a row index
     fused_epilogue: bool  # bias or row scale in the epilogue
+    weight_format: str | None = None  # a `quant.QuantizedWeight`'s fmt (gmm's rhs), else None
 
     @property
     def rows(self) -> str:
@@ -161,12 +167,19 @@ def gmm(
     row_scale: jax.Array | None = None,
     out_dtype=None,
 ) -> jax.Array:
-    """`kernels.gmm.gmm`'s contract on the backend the policy selects for this call."""
+    """`kernels.gmm.gmm`'s contract on the backend the policy selects for this call; rhs may be a
+    `quant.QuantizedWeight` (transposed: dequantised here, per call)."""
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
+    weight_format = None
+    if quant.is_quantized(rhs):
+        if transpose_rhs:  # the backward's products with wᵀ: a dense copy per call
+            rhs = rhs.dequantize(lhs.dtype)
+        else:
+            weight_format = rhs.fmt
     n_dim = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     problem = Problem(
         kernel=gmm_kernel_name(activation, transpose_rhs),
-        dtypes=(lhs.dtype, rhs.dtype),
+        dtypes=(lhs.dtype, rhs.values.dtype if weight_format else rhs.dtype),
         out_dtype=out_dtype,
         k=lhs.shape[1],
         n=n_dim // 2 if activation else n_dim,
@@ -174,6 +187,7 @@ def gmm(
         num_groups=rhs.shape[0],
         gather=lhs_row_index is not None,
         fused_epilogue=bias is not None or row_scale is not None,
+        weight_format=weight_format,
     )
     return select(policy, problem).gmm(
         lhs,

@@ -38,7 +38,9 @@ def available() -> bool:
 def supports(problem: backends.Problem) -> bool:
     """One 16-bit dtype (wgmma's inputs) and the shapes its TMA boxes tile: for gmm K a multiple
     of 16 and N of MIN_BLOCK_N (64: every narrower tile misaligns the epilogue's shared-memory
-    copies), for tgmm K of 64 (one warpgroup's wgmma M) and N of 16."""
+    copies), for tgmm K of 64 (one warpgroup's wgmma M) and N of 16; no quantised weights."""
+    if problem.weight_format is not None:
+        return False
     if problem.dtype is None or problem.dtype not in _gmm_mgpu.DTYPES:
         return False
     if problem.kernel == "tgmm":

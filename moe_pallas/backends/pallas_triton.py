@@ -3,18 +3,20 @@
 Config of a call: the tuning table's "pallas_triton" entry for (kernel, dtype, K, N, rows class)
 (`moe_pallas.tuning`), fitted to the problem, with block_n then narrowed by `spread_block_n` for
 the gmm kernels: with few rows each hit expert's weights must be split over every SM to stream at
-full bandwidth (at T = 1, 4 experts x 45 column tiles would leave SMs idle).
+full bandwidth (at T = 1, 4 experts x 45 column tiles would leave SMs idle). A gmm on a
+`quant.QuantizedWeight` runs `kernels.gmm_quant` with the bf16 entry of its shape.
 """
 
 import dataclasses
 
 import jax.numpy as jnp
 
-from moe_pallas import backends, tuning
+from moe_pallas import backends, quant, tuning
 from moe_pallas.kernels.combine import combine
 from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.glu_bwd import glu_backward
 from moe_pallas.kernels.gmm import gmm as _gmm
+from moe_pallas.kernels.gmm_quant import gmm_quant as _gmm_quant
 from moe_pallas.kernels.tgmm import tgmm as _tgmm
 
 PROGRAMS_PER_SM = 4  # (row tile, column tile) pairs per SM that keep every SM streaming weights
@@ -75,13 +77,24 @@ def gmm(
     kernel = backends.gmm_kernel_name(activation, transpose_rhs)
     cfg = config(
         kernel,
-        jnp.promote_types(lhs.dtype, rhs.dtype),
+        lhs.dtype if quant.is_quantized(rhs) else jnp.promote_types(lhs.dtype, rhs.dtype),
         num_rows,
         rhs.shape[0],
         lhs.shape[1],
         n_dim // 2 if activation else n_dim,
         activation,
     )
+    if quant.is_quantized(rhs):  # (transposed ones arrive dequantised: backends.gmm)
+        return _gmm_quant(
+            lhs,
+            rhs,
+            group_sizes,
+            lhs_row_index=lhs_row_index,
+            activation=activation,
+            out_dtype=out_dtype,
+            config=cfg,
+            **epilogue,
+        )
     return _gmm(
         lhs,
         rhs,

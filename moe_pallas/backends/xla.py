@@ -7,12 +7,15 @@ The expert block here is its own function (`experts`), differentiated by JAX: ma
 in float32 (float64 inputs keep float64, for gradient checks), bias, activation and routing
 weight in float32, the activation stored in x's dtype as the fused kernels store it, each token's
 k rows summed in float32.
+
+Quantised weights (`moe_pallas.quant.QuantizedWeight`) are dequantised to their logical dtype at
+each call: the dense weights are materialised here (the Pallas backend streams them as stored).
 """
 
 import jax
 import jax.numpy as jnp
 
-from moe_pallas import backends, dispatch
+from moe_pallas import backends, dispatch, quant
 from moe_pallas.activations import glu, split_gate_up
 
 
@@ -45,6 +48,8 @@ def gmm(
     out_dtype=None,
 ):
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
+    if quant.is_quantized(rhs):  # a dense copy per call (module docstring)
+        rhs = rhs.dequantize()
     if lhs_row_index is not None:
         lhs = lhs[lhs_row_index]
     rhs = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
@@ -96,6 +101,7 @@ def combine(rows, pair_row, *, out_dtype=None):
 
 def experts(x, topk_idx, topk_weight, params, activation):
     """The expert block (`moe_pallas.moe_experts`) in plain JAX; arguments validated."""
+    params = quant.dequantize_experts(params)  # a dense copy per call (module docstring)
     num_tokens, top_k = topk_idx.shape
     num_experts = params["w_gate_up"].shape[0]
     d = dispatch.dispatch(topk_idx, num_experts)

@@ -1,0 +1,275 @@
+"""Grouped matmul on quantised weights, converted on chip: Pallas Triton lowering.
+
+Math. `kernels.gmm.gmm`'s forward (out[m] = epilogue(lhs[src(m)] @ w[group(m)]), bias, GLU
+activation, row scale, rows past the groups zero) with w a `moe_pallas.quant.QuantizedWeight`
+(formats in `moe_pallas.quant`). The weights stream in their stored precision (1 byte per value
+for fp8, half a byte for mxfp4) and become lhs's dtype in registers; accumulation is float32.
+Each format puts its scale where it costs least:
+  - "fp8": the scale is per output column and commutes with the K sum, so the accumulator is
+    multiplied once after the K loop: acc[m, n] · s[n], not each weight element.
+  - "fp8_block": the scale is constant over each 128-row K block; block_k divides 128, so each
+    K step's partial dot is scaled: acc += dot(x, q) · s[k0 // 128, n]. [E, K/128, N/128]
+    scales are widened to per-column [E, K/128, N] per call (1/32 of the fp8 bytes), so a tile
+    needs no alignment to the 128-column blocks (SwiGLU's up half starts at column I).
+  - "mxfp4": a scale per 32 values of K: each step takes 32 byte rows r0.., their low nibbles
+    (k = r0..r0+31) and high nibbles (k = K/2 + r0..), decodes the e2m1 codes (exact in bf16)
+    and scales the two [rows, 32] x [32, n] partial dots by their power of two per column:
+    acc += dot(x[:, k_lo], lo) · 2^(s_lo − 127) + dot(x[:, k_hi], hi) · 2^(s_hi − 127).
+    K is a multiple of 64, so there is no K tail.
+Every scale product is one float32 multiply of a float32 partial sum, so the result equals the
+float32-accumulated product with the exactly decoded weights up to float32 summation order.
+
+Tiling. As `kernels.gmm`: a 1-D grid of (visit, n-tile) pairs over `dispatch.tile_schedule`'s
+visits, the in-kernel row gather, one compiled path per tile height (`BlockConfig.m_paths`), K
+and N tails masked. No `tail_m` second dot and no transposed weights: the backward's products
+with wᵀ dequantise per call (`moe_pallas.backends`).
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from moe_pallas import dispatch
+from moe_pallas.activations import glu
+from moe_pallas.kernels import _common
+from moe_pallas.kernels.config import BlockConfig
+
+FP8_BLOCK = 128
+MX_BLOCK = 32
+
+
+def _and(a, b):
+    return b if a is None else a if b is None else a & b
+
+
+def _load(ref, mask):
+    return plgpu.load(ref, mask=mask) if mask is None else plgpu.load(ref, mask=mask, other=0)
+
+
+def _e2m1(codes, dtype):
+    """int32 e2m1 codes -> values in dtype (exact: at most 2 significant bits)."""
+    e = (codes >> 1) & 3
+    m = (codes & 1).astype(jnp.float32)
+    pow2 = jnp.where(e == 1, 1.0, jnp.where(e == 2, 2.0, 4.0))
+    mag = jnp.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * pow2)
+    return jnp.where(codes >= 8, -mag, mag).astype(dtype)
+
+
+def _e8m0(codes):
+    return jnp.exp2(codes.astype(jnp.int32).astype(jnp.float32) - 127.0)
+
+
+def _kernel(
+    *refs,
+    fmt: str,
+    num_groups: int,
+    num_visits: int,
+    k_dim: int,
+    n_out: int,
+    cfg: BlockConfig,
+    gather: bool,
+    has_bias: bool,
+    activation: str | None,
+    has_row_scale: bool,
+    compute_dtype,
+):
+    it = iter(refs)
+    group_ref, m_start_ref, row_end_ref = (next(it) for _ in range(3))
+    row_index_ref = next(it) if gather else None
+    lhs_ref, values_ref, scales_ref = next(it), next(it), next(it)
+    bias_ref = next(it) if has_bias else None
+    row_scale_ref = next(it) if has_row_scale else None
+    out_ref = next(it)
+    bm, bn = cfg.block_m, cfg.block_n
+    bk = MX_BLOCK if fmt == "mxfp4" else cfg.block_k
+
+    n_tiles = pl.cdiv(n_out, bn)
+    pid = pl.program_id(0)
+    band = cfg.group_m * n_tiles
+    first_v = jax.lax.div(pid, band) * cfg.group_m
+    band_rows = jnp.minimum(num_visits - first_v, cfg.group_m)
+    v = first_v + jax.lax.rem(jax.lax.rem(pid, band), band_rows)
+    n0 = jax.lax.div(jax.lax.rem(pid, band), band_rows) * bn
+
+    g = group_ref[v]
+    m0 = m_start_ref[v]
+    row_end = row_end_ref[v]
+    cols = n0 + jnp.arange(bn, dtype=jnp.int32)
+    n_mask = cols < n_out if n_out % bn else None
+    used = m0 < row_end
+    if activation == "gptoss":
+        pair_cols = 2 * n0 + jnp.arange(2 * bn, dtype=jnp.int32)
+        blocks = ((2 * n0, 2 * bn, None if n_mask is None else pair_cols < 2 * n_out),)
+    elif activation == "swiglu":
+        blocks = ((n0, bn, n_mask), (n_out + n0, bn, n_mask))
+    else:
+        blocks = ((n0, bn, n_mask),)
+
+    def masks(h):
+        rows = m0 + jnp.arange(h, dtype=jnp.int32)
+        row_ok = rows < row_end
+        return row_ok, _and(row_ok[:, None], None if n_mask is None else n_mask[None, :])
+
+    @pl.when(used & (g == num_groups))
+    def _tail_rows():
+        plgpu.store(
+            out_ref.at[pl.ds(m0, bm), pl.ds(n0, bn)],
+            jnp.zeros((bm, bn), out_ref.dtype),
+            mask=masks(bm)[1],
+        )
+
+    def grouped_rows(h):
+        row_ok, out_mask = masks(h)
+        src = _load(row_index_ref.at[pl.ds(m0, h)], row_ok) if gather else None
+
+        def lhs_tile(k0, k_mask):
+            ks = k0 + jnp.arange(bk, dtype=jnp.int32)
+            a_mask = _and(row_ok[:, None], None if k_mask is None else k_mask[None, :])
+            if gather:
+                return _load(lhs_ref.at[src[:, None], ks[None, :]], a_mask).astype(compute_dtype)
+            return _load(lhs_ref.at[pl.ds(m0, h), pl.ds(k0, bk)], a_mask).astype(compute_dtype)
+
+        def body(i, accs):
+            new = list(accs)
+            if fmt == "mxfp4":
+                r0 = i * bk
+                a_lo, a_hi = lhs_tile(r0, None), lhs_tile(k_dim // 2 + r0, None)
+                for c, (c0, width, c_mask) in enumerate(blocks):
+                    q = _load(
+                        values_ref.at[g, pl.ds(r0, bk), pl.ds(c0, width)],
+                        None if c_mask is None else c_mask[None, :],
+                    ).astype(jnp.int32)
+                    s_lo, s_hi = (
+                        _e8m0(_load(scales_ref.at[g, row, pl.ds(c0, width)], c_mask))
+                        for row in (i, k_dim // (2 * MX_BLOCK) + i)
+                    )
+                    lo = plgpu.dot(a_lo, _e2m1(q & 0xF, compute_dtype))
+                    hi = plgpu.dot(a_hi, _e2m1(q >> 4, compute_dtype))
+                    new[c] = new[c] + lo * s_lo[None, :] + hi * s_hi[None, :]
+                return tuple(new)
+            k0 = i * bk
+            k_mask = (k0 + jnp.arange(bk, dtype=jnp.int32)) < k_dim if k_dim % bk else None
+            a = lhs_tile(k0, k_mask)
+            for c, (c0, width, c_mask) in enumerate(blocks):
+                kn_mask = _and(
+                    None if k_mask is None else k_mask[:, None],
+                    None if c_mask is None else c_mask[None, :],
+                )
+                b = _load(values_ref.at[g, pl.ds(k0, bk), pl.ds(c0, width)], kn_mask)
+                d = plgpu.dot(a, b.astype(compute_dtype))
+                if fmt == "fp8_block":
+                    s = _load(scales_ref.at[g, k0 // FP8_BLOCK, pl.ds(c0, width)], c_mask)
+                    d = d * s[None, :]
+                new[c] = new[c] + d
+            return tuple(new)
+
+        accs = tuple(jnp.zeros((h, width), jnp.float32) for _, width, _ in blocks)
+        steps = k_dim // (2 * MX_BLOCK) if fmt == "mxfp4" else pl.cdiv(k_dim, bk)
+        accs = jax.lax.fori_loop(0, steps, body, accs)
+        if fmt == "fp8":
+            accs = tuple(
+                acc * _load(scales_ref.at[g, pl.ds(c0, width)], c_mask)[None, :]
+                for acc, (c0, width, c_mask) in zip(accs, blocks)
+            )
+        if has_bias:
+            accs = tuple(
+                acc + _load(bias_ref.at[g, pl.ds(c0, width)], c_mask).astype(jnp.float32)[None, :]
+                for acc, (c0, width, c_mask) in zip(accs, blocks)
+            )
+        if activation == "gptoss":
+            accs = jnp.unstack(accs[0].reshape(h, bn, 2), axis=-1)
+        out = glu(accs[0], accs[1], activation) if activation else accs[0]
+        if has_row_scale:
+            scale = _load(row_scale_ref.at[pl.ds(m0, h)], row_ok)
+            out = out * scale.astype(jnp.float32)[:, None]
+        plgpu.store(
+            out_ref.at[pl.ds(m0, h), pl.ds(n0, bn)], out.astype(out_ref.dtype), mask=out_mask
+        )
+
+    paths = cfg.m_paths()
+    span = row_end - m0
+    run_grouped = used & (g < num_groups)
+    for i, p in enumerate(paths):
+        run = run_grouped
+        if i > 0:
+            run &= span <= p
+        if i < len(paths) - 1:
+            run &= span > p // 2
+        pl.when(run)(functools.partial(grouped_rows, p))
+
+
+def gmm_quant(
+    lhs: jax.Array,
+    rhs,
+    group_sizes: jax.Array,
+    *,
+    lhs_row_index: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    activation: str | None = None,
+    row_scale: jax.Array | None = None,
+    out_dtype=None,
+    config: BlockConfig | None = None,
+) -> jax.Array:
+    """`kernels.gmm.gmm` (no transpose_rhs) with rhs a `QuantizedWeight` of logical shape
+    [G, K, N] (module docstring); config's tail_m is ignored, block_k capped at 128 (a divisor of
+    the fp8 blocks) and fixed at 32 for mxfp4."""
+    fmt = rhs.fmt
+    num_groups, k_dim, n_dim = rhs.shape
+    if lhs.ndim != 2 or lhs.shape[1] != k_dim:
+        raise ValueError(f"lhs must be [M, K={k_dim}], got {lhs.shape}.")
+    if group_sizes.shape != (num_groups,):
+        raise ValueError(f"group_sizes must be [{num_groups}], got {group_sizes.shape}.")
+    if activation is not None and n_dim % 2:
+        raise ValueError("a GLU activation needs an even weight column count.")
+    if bias is not None and bias.shape != (num_groups, n_dim):
+        raise ValueError(f"bias must be [{num_groups}, {n_dim}], got {bias.shape}.")
+    gather = lhs_row_index is not None
+    num_rows = lhs_row_index.shape[0] if gather else lhs.shape[0]
+    n_out = n_dim // 2 if activation else n_dim
+    _common.check_int32_sizes("gmm_quant", lhs=lhs.shape, rhs=rhs.shape, out=(num_rows, n_out))
+    out_dtype = jnp.dtype(out_dtype or lhs.dtype)
+    if num_rows == 0 or n_out == 0:
+        return jnp.zeros((num_rows, n_out), out_dtype)
+    cfg = (config or BlockConfig()).fit(num_rows, k_dim, n_out)
+    cfg = dataclasses.replace(cfg, block_k=min(cfg.block_k, FP8_BLOCK), tail_m=0)
+    scales = rhs.scales
+    if fmt == "fp8_block" and scales.shape[2] != n_dim:  # per column (module docstring)
+        scales = jnp.repeat(scales.astype(jnp.float32), FP8_BLOCK, axis=2)[:, :, :n_dim]
+    sched = dispatch.tile_schedule(
+        _common.clamp_group_ends(group_sizes, num_rows), num_rows, cfg.block_m
+    )
+    num_visits = sched.group.shape[0]
+    operands = [sched.group, sched.m_start, sched.row_end]
+    if gather:
+        operands.append(lhs_row_index.astype(jnp.int32))
+    operands += [lhs, rhs.values, scales]
+    if bias is not None:
+        operands.append(bias)
+    if row_scale is not None:
+        operands.append(row_scale)
+    kernel = functools.partial(
+        _kernel,
+        fmt=fmt,
+        num_groups=num_groups,
+        num_visits=num_visits,
+        k_dim=k_dim,
+        n_out=n_out,
+        cfg=cfg,
+        gather=gather,
+        has_bias=bias is not None,
+        activation=activation,
+        has_row_scale=row_scale is not None,
+        compute_dtype=lhs.dtype,
+    )
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((num_rows, n_out), out_dtype),
+        grid=(num_visits * pl.cdiv(n_out, cfg.block_n),),
+        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        interpret=_common.interpret_mode(),
+        name=f"gmm_{fmt}",
+    )(*operands)

@@ -1,0 +1,219 @@
+"""Low-precision expert weights kept as stored: `QuantizedWeight`, `quantize_experts`,
+`dequantize_experts`.
+
+A quantised expert weight takes the place of a `[E, K, N]` array (`w_gate_up`, `w_down`) in the
+params of `moe_experts`, `ragged_dot` and the `MoE` layer's forward. Its logical value w[e, k, n]:
+
+  - "fp8": values float8_e4m3fn [E, K, N], scales float32 [E, N] (one per output channel):
+        w[e, k, n] = values[e, k, n] · scales[e, n]
+  - "fp8_block": values float8_e4m3fn [E, K, N], scales float32 [E, ceil(K/128), ceil(N/128)]
+    (DeepSeek-V3's `weight_scale_inv`, transposed to the [K, N] layout):
+        w[e, k, n] = values[e, k, n] · scales[e, k // 128, n // 128]
+    or scales [E, ceil(K/128), N], one per column and 128-row block, w = values · scales[e,
+    k // 128, n] (the loader's form for a gate|up pair whose halves do not fill whole 128-column
+    blocks; the two forms coincide at N = 1).
+  - "mxfp4" (OCP microscaling, as gpt-oss publishes its experts): values uint8 [E, K/2, N], two
+    e2m1 codes per byte, scales uint8 [E, K/32, N] (e8m0: 2^(code − 127), one per 32 values of K):
+        w[e, k, n] = e2m1(code[e, k, n]) · 2^(scales[e, k // 32, n] − 127)
+    Byte row r holds k = r in its low nibble and k = r + K/2 in its high nibble, so a kernel tile
+    of byte rows is two plain dots against two column slices of x, no interleave; K must be a
+    multiple of 64. e2m1 code bits: sign 3, exponent 2-1 (bias 1, 0 subnormal), mantissa 0:
+    codes 0-7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+
+`dtype` is the weight's logical dtype (what `dequantize_experts` returns and what it must match
+in `moe_experts`, x's dtype); `astype` changes only it. The stored values never become a bf16
+copy on the device in the Pallas forward (`moe_pallas.kernels.gmm_quant` converts them on chip);
+the xla backend and the backward's transposed products dequantise per call.
+
+Quantisation rules (`quantize_experts`): "fp8" scales = per-channel absmax / 448 (e4m3's largest
+finite value), "fp8_block" = per 128 x 128 block absmax / 448, values rounded to nearest even;
+"mxfp4" per 32 values of K a power-of-two scale 2^(floor(log2(absmax)) − 2) (the OCP MX rule: the
+largest value lands in [4, 8)), values rounded to nearest even on the e2m1 grid, saturating at 6.
+Decoding is exact: every fp8 and e2m1 value times a power of two or a float32 scale is computed
+in float32 and rounded once to the requested dtype.
+"""
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+FORMATS: tuple[str, ...] = ("fp8", "fp8_block", "mxfp4")
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_BLOCK = 128  # block edge of "fp8_block" scales
+MX_BLOCK = 32  # values of K per "mxfp4" scale
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+_WEIGHT_NAMES = ("w_gate_up", "w_down")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class QuantizedWeight:
+    """A `[E, K, N]` expert weight in a stored low-precision format (module docstring).
+
+    values, scales: the stored arrays of `fmt`; fmt: "fp8" | "fp8_block" | "mxfp4" (static);
+    dtype: the logical dtype (static)."""
+
+    values: jax.Array
+    scales: jax.Array
+    fmt: str = dataclasses.field(metadata={"static": True})
+    dtype: jnp.dtype = dataclasses.field(metadata={"static": True})
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        e, k, n = self.values.shape
+        return (e, 2 * k, n) if self.fmt == "mxfp4" else (e, k, n)
+
+    @property
+    def ndim(self) -> int:
+        return 3
+
+    def __getitem__(self, index):
+        # `variable[...]` of an `nnx.Param` holding this weight (the `MoE` layer reads its
+        # parameters so); slicing the stored arrays has no meaning for the logical weight.
+        if index is Ellipsis:
+            return self
+        raise TypeError("a QuantizedWeight supports only w[...]; dequantize() it to slice.")
+
+    def astype(self, dtype) -> "QuantizedWeight":
+        return dataclasses.replace(self, dtype=jnp.dtype(dtype))
+
+    def dequantize(self, dtype=None) -> jax.Array:
+        """The dense `[E, K, N]` weight in `dtype` (default the logical dtype), computed in
+        float32 and rounded once."""
+        return _dequantize(self, jnp.dtype(dtype or self.dtype))
+
+
+def is_quantized(w) -> bool:
+    return isinstance(w, QuantizedWeight)
+
+
+def _check_fmt(fmt):
+    if fmt not in FORMATS:
+        raise ValueError(f"fmt={fmt!r} is not one of {FORMATS}.")
+
+
+def _expand_blocks(scales, k, n):
+    """[E, ceil(K/128), ceil(N/128)] block (or [E, ceil(K/128), N] column) scales -> [E, K, N]."""
+    s = jnp.repeat(scales, FP8_BLOCK, axis=1)
+    if s.shape[2] != n:
+        s = jnp.repeat(s, FP8_BLOCK, axis=2)
+    return s[:, :k, :n]
+
+
+def mxfp4_codes(values):
+    """uint8 [E, K/2, N] -> int32 e2m1 codes [E, K, N] (low nibbles first, module layout)."""
+    v = values.astype(jnp.int32)
+    return jnp.concatenate([v & 0xF, v >> 4], axis=1)
+
+
+@functools.partial(jax.jit, static_argnames="dtype")
+def _dequantize(qw: QuantizedWeight, dtype) -> jax.Array:
+    if qw.fmt == "fp8":
+        w = qw.values.astype(jnp.float32) * qw.scales.astype(jnp.float32)[:, None, :]
+    elif qw.fmt == "fp8_block":
+        _, k, n = qw.values.shape
+        w = qw.values.astype(jnp.float32) * _expand_blocks(qw.scales.astype(jnp.float32), k, n)
+    else:
+        values = jnp.asarray(E2M1)[mxfp4_codes(qw.values)]
+        exps = jnp.repeat(qw.scales.astype(jnp.int32) - 127, MX_BLOCK, axis=1)
+        w = jnp.ldexp(values, exps)
+    return w.astype(dtype)
+
+
+def _fp8_values(w, scale):
+    q = jnp.clip(w / scale, -FP8_MAX, FP8_MAX)
+    return q.astype(jnp.float8_e4m3fn)
+
+
+def _safe_scale(absmax):
+    return jnp.where(absmax > 0, absmax / FP8_MAX, 1.0).astype(jnp.float32)
+
+
+def _e2m1_codes(v):
+    """Round-to-nearest-even onto the e2m1 grid (saturating at 6) -> int32 codes."""
+    a = jnp.abs(v)
+    step = jnp.where(a < 2, 0.5, jnp.where(a < 4, 1.0, 2.0))
+    q = jnp.minimum(jnp.round(a / step) * step, 6.0)
+    mag = jnp.where(q <= 2, q * 2, jnp.where(q == 3, 5, jnp.where(q == 4, 6, 7))).astype(jnp.int32)
+    return jnp.where((v < 0) & (mag > 0), mag | 8, mag)
+
+
+def quantize_weight(w: jax.Array, fmt: str) -> QuantizedWeight:
+    """One dense `[E, K, N]` weight in `fmt` (module docstring's rules); logical dtype w's."""
+    _check_fmt(fmt)
+    w = jnp.asarray(w)
+    if w.ndim != 3 or not jnp.issubdtype(w.dtype, jnp.floating):
+        raise ValueError(
+            f"quantize_experts needs floating [E, K, N] weights, got {w.dtype}{list(w.shape)}."
+        )
+    if fmt == "mxfp4" and w.shape[1] % (2 * MX_BLOCK):
+        raise ValueError(
+            f"mxfp4 packs K values as two halves of 32-value blocks: K={w.shape[1]} must be a "
+            "multiple of 64 (gpt-oss's 2880 is); use fmt='fp8' for this weight."
+        )
+    return _quantize(w, fmt)
+
+
+@functools.partial(jax.jit, static_argnames="fmt")
+def _quantize(w, fmt):
+    e, k, n = w.shape
+    wf = w.astype(jnp.float32)
+    if fmt == "fp8":
+        scales = _safe_scale(jnp.max(jnp.abs(wf), axis=1))
+        return QuantizedWeight(_fp8_values(wf, scales[:, None, :]), scales, fmt, w.dtype)
+    if fmt == "fp8_block":
+        kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
+        padded = jnp.pad(jnp.abs(wf), ((0, 0), (0, kb * FP8_BLOCK - k), (0, nb * FP8_BLOCK - n)))
+        absmax = padded.reshape(e, kb, FP8_BLOCK, nb, FP8_BLOCK).max(axis=(2, 4))
+        scales = _safe_scale(absmax)
+        return QuantizedWeight(_fp8_values(wf, _expand_blocks(scales, k, n)), scales, fmt, w.dtype)
+    blocks = wf.reshape(e, k // MX_BLOCK, MX_BLOCK, n)
+    absmax = jnp.max(jnp.abs(blocks), axis=2)
+    _, exp = jnp.frexp(absmax)  # absmax = m · 2^exp, m in [0.5, 1): floor(log2) = exp - 1
+    code = jnp.where(absmax > 0, jnp.clip(exp - 1 - 2 + 127, 0, 254), 0)
+    scaled = jnp.ldexp(blocks, 127 - code[:, :, None, :]).reshape(e, k, n)
+    codes = _e2m1_codes(scaled)
+    packed = codes[:, : k // 2] | (codes[:, k // 2 :] << 4)
+    return QuantizedWeight(packed.astype(jnp.uint8), code.astype(jnp.uint8), fmt, w.dtype)
+
+
+def quantize_experts(params: Mapping, fmt: str) -> dict:
+    """params with `w_gate_up` and `w_down` replaced by `QuantizedWeight`s of `fmt` ("fp8",
+    "fp8_block", "mxfp4"); biases and other entries unchanged."""
+    _check_fmt(fmt)
+    return {
+        name: quantize_weight(v, fmt) if name in _WEIGHT_NAMES and v is not None else v
+        for name, v in dict(params).items()
+    }
+
+
+def dequantize_experts(qparams: Mapping, dtype=None) -> dict:
+    """The inverse of `quantize_experts`: every `QuantizedWeight` decoded exactly (float32 math,
+    one rounding) to `dtype` (default its logical dtype), other entries unchanged."""
+    return {k: v.dequantize(dtype) if is_quantized(v) else v for k, v in dict(qparams).items()}
+
+
+@jax.custom_jvp
+def _no_weight_grad(values):
+    return values
+
+
+@_no_weight_grad.defjvp
+def _no_weight_grad_jvp(primals, tangents):
+    raise TypeError(
+        "gradients with respect to quantised expert weights (QuantizedWeight) are not defined: "
+        "differentiate with respect to x and the routing weights only, or train on "
+        "moe_pallas.dequantize_experts(params) first."
+    )
+
+
+def guard_gradients(w):
+    """w, with a clear TypeError if a transformation differentiates a QuantizedWeight's floating
+    values (integer "mxfp4" leaves are refused by jax.grad itself); dense weights pass."""
+    if not is_quantized(w) or not jnp.issubdtype(w.values.dtype, jnp.floating):
+        return w
+    return dataclasses.replace(w, values=_no_weight_grad(w.values))

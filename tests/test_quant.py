@@ -1,0 +1,234 @@
+"""Quantised expert weights: formats round-trip, the on-chip-converting gmm (interpret mode) and
+the expert block against float64 oracles on the exactly dequantised weights, gradients, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import moe_pallas
+from moe_pallas import quant
+from moe_pallas.kernels.config import BlockConfig
+from moe_pallas.kernels.gmm_quant import gmm_quant
+from moe_pallas.reference import moe_experts_reference
+from tests.helpers import make_params, random_routing
+
+# bf16 output rounding (2^-8 relative) plus bf16 rounding of the stored activation between the
+# two matmuls: the bound docs/reliability.md states for the quantised path.
+BF16_BOUND = 1.5e-2
+
+
+def rel_err(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return np.linalg.norm(got - want) / np.linalg.norm(want)
+
+
+def e2m1_oracle(codes):
+    """e2m1 code -> value from the bit fields, independent of quant.E2M1."""
+    sign = np.where(codes & 8, -1.0, 1.0)
+    e, m = (codes >> 1) & 3, codes & 1
+    return sign * np.where(e == 0, 0.5 * m, (1 + 0.5 * m) * 2.0 ** (e - 1.0))
+
+
+def test_formats_decode_and_quantise():
+    rng = np.random.default_rng()
+    w = jnp.asarray(rng.standard_normal((2, 192, 160)) * 3, jnp.bfloat16)
+    wf = np.asarray(w, np.float64)
+    for fmt, bound in (("fp8", 0.07), ("fp8_block", 0.07), ("mxfp4", 0.25)):
+        qw = moe_pallas.quantize_experts({"w_gate_up": w}, fmt)["w_gate_up"]
+        assert qw.shape == w.shape and qw.dtype == jnp.bfloat16
+        dense = np.asarray(qw.dequantize(jnp.float32), np.float64)
+        if fmt == "mxfp4":
+            v = np.asarray(qw.values).astype(np.int64)
+            codes = np.concatenate([v & 15, v >> 4], axis=1)
+            scales = np.repeat(np.asarray(qw.scales).astype(np.int64) - 127, 32, axis=1)
+            want = e2m1_oracle(codes) * 2.0**scales
+            # OCP rule: each 32-block's absmax scaled into [4, 8), so no code past 6 is lost.
+            blocks = np.abs(wf).reshape(2, 6, 32, 160).max(2)
+            assert np.all(blocks * 2.0 ** -(np.asarray(qw.scales) - 127.0) >= 4)
+            assert np.all(blocks * 2.0 ** -(np.asarray(qw.scales) - 127.0) < 8)
+        else:
+            vals = np.asarray(qw.values.astype(jnp.float32), np.float64)
+            s = np.asarray(qw.scales, np.float64)
+            if fmt == "fp8":
+                want = vals * s[:, None, :]
+            else:
+                want = vals * np.repeat(np.repeat(s, 128, 1), 128, 2)[:, :192, :160]
+        np.testing.assert_array_equal(dense, want.astype(np.float32))  # one rounding
+        assert rel_err(dense, wf) < bound, fmt
+    # mxfp4 decodes exactly to bf16, and re-quantising the decode gives the same weight
+    again = quant.quantize_weight(qw.dequantize(), "mxfp4")
+    np.testing.assert_array_equal(np.asarray(again.dequantize(jnp.float32)), dense)
+
+
+def gmm_oracle(x, w, group_sizes, bias, activation, row_scale):
+    """float64: rows of group g times w[g], + bias, GLU, x row scale; rows past the groups 0."""
+    x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
+    out = np.zeros((x.shape[0], w.shape[2] // (2 if activation else 1)))
+    ends = np.cumsum(group_sizes)
+    for g, (lo, hi) in enumerate(zip(np.r_[0, ends[:-1]], ends)):
+        h = x[lo:hi] @ w[g] + np.asarray(bias, np.float64)[g]
+        if activation == "swiglu":
+            gate, up = np.split(h, 2, axis=1)
+            h = gate / (1 + np.exp(-gate)) * up
+        elif activation == "gptoss":
+            gate, up = np.minimum(h[:, ::2], 7), np.clip(h[:, 1::2], -7, 7)
+            h = gate / (1 + np.exp(-1.702 * gate)) * (up + 1)
+        out[lo:hi] = h * np.asarray(row_scale, np.float64)[lo:hi, None]
+    return out
+
+
+@pytest.mark.parametrize(
+    "fmt,activation",
+    [("fp8", None), ("fp8_block", "swiglu"), ("mxfp4", "gptoss"), ("mxfp4", None)],
+)
+def test_gmm_quant_matches_oracle(fmt, activation):
+    """K = 192 (a 128-row K block and a 64-row tail; 3 x 64 for mxfp4), N = 2·80 with 32-column
+    tiles (ragged N tail), an empty group, a one-row group, rows past the groups, gathered rows."""
+    rng = np.random.default_rng()
+    e, k, n, m = 4, 192, 160, 30
+    n_out = n // 2 if activation else n
+    w = jnp.asarray(rng.standard_normal((e, k, n)) / np.sqrt(k), jnp.bfloat16)
+    qw = quant.quantize_weight(w, fmt)
+    x = jnp.asarray(rng.standard_normal((m + 5, k)), jnp.bfloat16)
+    index = jnp.asarray(rng.integers(0, m + 5, m), jnp.int32)
+    sizes = np.array([11, 0, 1, 15])  # 27 of 30 rows: 3 rows past the groups
+    bias = jnp.asarray(rng.standard_normal((e, n)), jnp.float32)
+    scale = jnp.asarray(rng.random(m) + 0.5, jnp.float32)
+    out = gmm_quant(
+        x,
+        qw,
+        jnp.asarray(sizes, jnp.int32),
+        lhs_row_index=index,
+        bias=bias,
+        activation=activation,
+        row_scale=scale,
+        config=BlockConfig(block_m=16, block_n=32, block_k=64, min_block_m=16),
+    )
+    assert out.shape == (m, n_out) and out.dtype == jnp.bfloat16
+    want = gmm_oracle(
+        np.asarray(x)[index], qw.dequantize(jnp.float32), sizes, bias, activation, scale
+    )
+    assert rel_err(out, want) < 5e-3
+    np.testing.assert_array_equal(np.asarray(out[27:], np.float32), 0)
+
+
+@pytest.mark.parametrize(
+    "fmt,activation,implementation,token_counts",
+    [
+        ("mxfp4", "gptoss", "pallas_triton", (1,)),
+        ("fp8_block", "swiglu", "pallas_triton", (1, 6)),
+        ("fp8", "gptoss", "xla", (1, 6)),
+    ],
+)
+def test_moe_experts_quantised(fmt, activation, implementation, token_counts):
+    """The block on quantised weights equals the float64 block on dequantize_experts(qparams)
+    within bf16 rounding; T = 1 (the primal, GLU in the gmm epilogue) and an unused expert; at
+    T = 6 the forward under differentiation and the gradients of x and topk_weight against the
+    xla block on the dense weights (the backward's dequantised products are format-blind);
+    gradients of the weights are refused."""
+    rng = np.random.default_rng()
+    num_experts, hidden, inter = 5, 64, 48  # H = 64: mxfp4's smallest K; I = 48 (no 64-multiple)
+    if fmt == "mxfp4":
+        inter = 64
+    params = make_params(rng, num_experts, hidden, inter, biases=activation == "gptoss", scale=2.0)
+    params = {k: jnp.asarray(v, jnp.bfloat16) for k, v in params.items()}
+    qparams = moe_pallas.quantize_experts(params, fmt)
+    dense = moe_pallas.dequantize_experts(qparams)
+    run = lambda x, wts, p, impl=implementation: moe_pallas.moe_experts(
+        x, idx, wts, p, activation=activation, implementation=impl
+    )
+    for num_tokens in token_counts:
+        x = jnp.asarray(rng.standard_normal((num_tokens, hidden)), jnp.bfloat16)
+        idx, wts = random_routing(rng, num_tokens, num_experts - 1, 2)  # expert 4 gets no rows
+        if num_tokens == 1:  # the primal (GLU in the gmm epilogue)
+            out = run(x, wts, qparams)
+        else:  # the forward under differentiation (h kept), and the gradients of x and wts
+            out, vjp = jax.vjp(lambda x, wts: run(x, wts, qparams), x, wts)
+            _, dense_vjp = jax.vjp(lambda x, wts: run(x, wts, dense, "xla"), x, wts)
+            for g, w in zip(vjp(out), dense_vjp(out)):
+                assert rel_err(g, w) < 3e-2
+        with jax.enable_x64(True):
+            want = moe_experts_reference(
+                x,
+                idx,
+                wts,
+                moe_pallas.dequantize_experts(qparams, jnp.float32),
+                activation=activation,
+                dtype=jnp.float64,
+            )
+        assert out.dtype == jnp.bfloat16 and rel_err(out, want) < BF16_BOUND
+        assert rel_err(out, run(x, wts, dense, "xla")) < BF16_BOUND
+    loss = lambda p: jnp.sum(run(x, wts, p).astype(jnp.float32) ** 2)
+    if (
+        fmt != "mxfp4" and implementation == "xla"
+    ):  # (jax.grad refuses mxfp4's integer leaves itself)
+        with pytest.raises(TypeError, match="dequantize_experts"):
+            jax.grad(loss)(qparams)
+
+
+def test_ragged_dot_quantised_and_errors():
+    rng = np.random.default_rng()
+    w = jnp.asarray(rng.standard_normal((3, 128, 48)) / 8, jnp.bfloat16)
+    qw = quant.quantize_weight(w, "mxfp4")
+    x = jnp.asarray(rng.standard_normal((9, 128)), jnp.bfloat16)
+    sizes = jnp.array([4, 0, 5], jnp.int32)
+    dense = np.asarray(qw.dequantize(jnp.float32), np.float64)
+    want = np.concatenate(
+        [np.asarray(x[:4], np.float64) @ dense[0], np.asarray(x[4:], np.float64) @ dense[2]]
+    )
+    for impl in ("pallas_triton", "xla"):
+        got = moe_pallas.ragged_dot(x, qw, sizes, implementation=impl)
+        assert got.shape == (9, 48) and rel_err(got, want) < 5e-3
+    dx = jax.grad(
+        lambda x: jnp.sum(moe_pallas.ragged_dot(x, qw, sizes, implementation="pallas_triton"))
+    )(x)
+    dx_want = jax.grad(lambda x: jnp.sum(jax.lax.ragged_dot(x, qw.dequantize(), sizes)))(x)
+    assert rel_err(dx, dx_want) < 1e-2
+    with pytest.raises(ValueError, match="multiple of 64"):
+        quant.quantize_weight(jnp.zeros((1, 96, 8)), "mxfp4")
+    with pytest.raises(ValueError, match="fmt="):
+        moe_pallas.quantize_experts({"w_down": w}, "int4")
+
+
+def test_layer_and_checkpoints_kept_as_stored():
+    """load_experts(dequantize=False): gpt-oss MXFP4 and per-expert FP8 (I = 136: per-column
+    factors) as stored, decoding bit for bit to the dense load; an NNX layer holding them runs."""
+    from flax import nnx
+
+    from tests.test_weights import PREFIX, fp8_tensors, gpt_oss_mxfp4_tensors
+
+    def finite(tensors):  # e4m3fn has no inf: the fixture's values past 448 cast to NaN
+        return {k: jnp.where(jnp.isnan(v), 0, v).astype(v.dtype) for k, v in tensors.items()}
+
+    rng = np.random.default_rng()
+    for tensors, layout, prefix, fmt in (
+        (gpt_oss_mxfp4_tensors(rng, inter=64), "gpt_oss", "", "mxfp4"),
+        (finite(fp8_tensors(rng)), "per_expert", PREFIX, "fp8_block"),
+    ):
+        stored = moe_pallas.load_experts(tensors, layout, prefix=prefix, dequantize=False)
+        dense = moe_pallas.load_experts(tensors, layout, prefix=prefix)
+        for name in ("w_gate_up", "w_down"):
+            assert stored[name].fmt == fmt and stored[name].shape == dense[name].shape
+            np.testing.assert_array_equal(
+                np.asarray(stored[name].dequantize(), np.float32),
+                np.asarray(dense[name], np.float32),
+            )
+    # the last (FP8 SwiGLU) experts in an NNX layer: forward as the layer on the dense weights
+    num_experts, hidden, two_inter = dense["w_gate_up"].shape
+    layer = moe_pallas.MoE(
+        hidden_size=hidden,
+        intermediate_size=two_inter // 2,
+        num_experts=num_experts,
+        top_k=2,
+        param_dtype=jnp.bfloat16,
+        rngs=nnx.Rngs(0),
+    )
+    x = jnp.asarray(rng.standard_normal((3, hidden)), jnp.bfloat16)
+    moe_pallas.set_expert_params(layer, dense)
+    want = layer(x)
+    moe_pallas.set_expert_params(layer, stored)
+    assert quant.is_quantized(layer.w_gate_up[...])
+    assert rel_err(layer(x), want) < BF16_BOUND
+    with pytest.raises(ValueError, match="dequantize=True"):
+        moe_pallas.load_experts(gpt_oss_mxfp4_tensors(rng), "gpt_oss", dequantize=False)
