@@ -14,12 +14,15 @@ routing weights); gmm/tgmm cases time one grouped matmul.
   tokamax               plain JAX glue around `tokamax.ragged_dot(implementation="mosaic")`.
   torch._grouped_mm     the same glue in PyTorch around `torch._grouped_mm`, combine by index_add_.
   torch_loop            a loop over experts with `index_add_` (slow; not in the default set).
+  moe_pallas:auto+FMT   our layer with the expert weights stored as FMT (fp8, fp8_block, mxfp4;
+                        forward cases), its message the weight-read floor of the stored bytes.
   cublas_line           the yardstick: the case's matmul work as cuBLAS batched dots with perfect
                         balance, no gather, activation, scatter or routing (`_line_matmuls`);
                         the faster of torch.bmm and XLA's batched dot_general, timed here.
 """
 
 import dataclasses
+import functools
 import importlib
 import sys
 import time
@@ -152,6 +155,57 @@ def _ours(backend: str):
             )
 
         return _jax_case(case, inputs, layer, None)
+
+    return prepare
+
+
+QUANT_FORMATS = ("fp8", "fp8_block", "mxfp4")
+
+
+@functools.cache
+def read_bandwidth() -> float:
+    """Bytes/s of a full read of a 4 GiB bf16 array (32 MiB off GPU) by a sum, median of 5."""
+    size = 1 << (31 if jax.default_backend() == "gpu" else 24)
+    x = jax.random.normal(jax.random.key(0), (size,), jnp.bfloat16)
+    total = jax.jit(lambda v: jnp.sum(v, dtype=jnp.float32))
+    jax.block_until_ready(total(x))
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        jax.block_until_ready(total(x))
+        times.append(time.perf_counter() - start)
+    return x.nbytes / sorted(times)[2]
+
+
+def _ours_quantized(fmt: str):
+    """Our layer with the expert weights stored in `fmt` (moe_pallas.quantize_experts, outside
+    the timing). The row's message gives the weight-read floor: the stored bytes of the hit
+    experts (values, scales, biases) plus x and out, at the measured read bandwidth."""
+
+    def prepare(case: Case, inputs: dict) -> Prepared:
+        if case.mode != "fwd":
+            raise Skip("not implemented: quantised weights run forward layer cases only")
+        qparams = jax.jit(lambda p: moe_pallas.quantize_experts(p, fmt))(inputs["params"])
+        inputs = {**inputs, "params": qparams}
+        prep = _ours("auto")(case, inputs)
+        hit = int(
+            jnp.sum(
+                jnp.zeros((case.workload.experts,), bool)
+                .at[inputs["topk_idx"].reshape(-1)]
+                .set(True)
+            )
+        )
+        per_expert = sum(
+            sum(a.nbytes for a in jax.tree.leaves(v)) / case.workload.experts
+            for v in qparams.values()
+        )
+        floor_bytes = hit * per_expert + 2 * inputs["x"].nbytes
+        bandwidth = read_bandwidth()
+        prep.note = (
+            f"weight-read floor {floor_bytes / bandwidth * 1e3:.4g} ms ({floor_bytes / 1e6:.4g} MB "
+            f"at {bandwidth / 1e12:.2f} TB/s measured)"
+        )
+        return prep
 
     return prepare
 
@@ -497,4 +551,5 @@ IMPLS: dict[str, Callable[[Case, dict], Prepared]] = {
     "torch._grouped_mm": _prepare_torch_grouped,
     "torch_loop": _prepare_torch_loop,
     LINE: _prepare_line,
+    **{f"moe_pallas:auto+{fmt}": _ours_quantized(fmt) for fmt in QUANT_FORMATS},
 }
