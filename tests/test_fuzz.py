@@ -439,8 +439,10 @@ def _reference_grads(x, idx, w, params, d_out, activation, h_dtype=None):
 )
 # Found by a long run on the H200: TF32 operand rounding across the gpt-oss clamp.
 @(example(1, (40, 576, 320, 64, 4), jnp.float32, "gptoss", "zipf") if ON_GPU else lambda f: f)
-# Found by CI: a bf16 h of exactly 7, where jnp.minimum's gradient was a tie's half.
-@example(70204671, (1, 24, 16, 4, 2), jnp.bfloat16, "gptoss", "hot")
+# Found by CI: a bf16 h of exactly 7, where jnp.minimum's gradient was a tie's half. Pinned on
+# CPU only, where interpret mode's summation order makes that tie: the H200 sums h in another
+# order, and there this example's d x is 0.23 off the oracle, whose h follows the CPU's rounding.
+@(lambda f: f) if ON_GPU else example(70204671, (1, 24, 16, 4, 2), jnp.bfloat16, "gptoss", "hot")
 def test_moe_experts_matches_float64(seed, shape, dtype, activation, kind):
     """The fused block (pallas_triton): out and the gradients of x, topk_weight and every param."""
     _stop_when_out_of_time()

@@ -128,6 +128,7 @@ def test_float64_under_x64_runs_on_xla_and_is_refused_by_the_kernels(x64):
 MAKE_MESH_CASE = """
 import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+os.environ["JAX_PLATFORMS"] = "cpu"  # two host devices, also on a machine with one GPU
 import jax, jax.numpy as jnp, numpy as np
 import moe_pallas
 from moe_pallas.reference import moe_experts_reference
