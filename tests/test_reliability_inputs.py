@@ -54,13 +54,15 @@ def test_ops_and_grads_under_x64_with_float32_operands(x64, impl):
         r = slice(ends[g], ends[g + 1])
         want_dot[r] = lhs64[r] @ rhs64[g]
         want_tgmm[g] = lhs64[r].T @ rows64[r]
+    # float32 dots run in TF32 on a GPU's tensor cores (unit roundoff 2^-11); exact on CPU.
+    tol = 5e-3 if jax.default_backend() == "gpu" and impl != "xla" else 1e-5
     dot = lambda a, b: ragged_dot(a, b, sizes, implementation=impl)
     assert dot(lhs, rhs).dtype == F32
-    assert rel_err(dot(lhs, rhs), want_dot) < 1e-5
+    assert rel_err(dot(lhs, rhs), want_dot) < tol
     got_tgmm = tgmm(lhs, rows, sizes, implementation=impl)
-    assert got_tgmm.dtype == F32 and rel_err(got_tgmm, want_tgmm) < 1e-5
+    assert got_tgmm.dtype == F32 and rel_err(got_tgmm, want_tgmm) < tol
     d_lhs, d_rhs = jax.grad(lambda a, b: jnp.sum(dot(a, b) * rows), (0, 1))(lhs, rhs)
-    assert rel_err(d_rhs, want_tgmm) < 1e-5
+    assert rel_err(d_rhs, want_tgmm) < tol
     d_lhs_t, d_rows = jax.grad(
         lambda a, r: jnp.sum(tgmm(a, r, sizes, implementation=impl) * rhs), (0, 1)
     )(lhs, rows)
@@ -80,10 +82,11 @@ def test_moe_experts_under_x64_with_float32_inputs(x64, impl, activation):
     ref = lambda x, w, p: moe_experts_reference(x, idx, w, p, activation=activation, dtype=F64)
     out, vjp = jax.vjp(f, x, w, params)
     want, want_vjp = jax.vjp(ref, *jax.tree.map(lambda a: a.astype(F64), (x, w, params)))
-    assert out.dtype == F32 and rel_err(out, want) < 1e-4
+    tf32 = jax.default_backend() == "gpu" and impl != "xla"  # TF32 tensor-core dots on a GPU
+    assert out.dtype == F32 and rel_err(out, want) < (5e-3 if tf32 else 1e-4)
     got_grads, want_grads = vjp(cot), want_vjp(cot.astype(F64))
     for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
-        assert got.dtype == F32 and rel_err(got, want) < 1e-3
+        assert got.dtype == F32 and rel_err(got, want) < (1e-2 if tf32 else 1e-3)
 
 
 def test_mosaic_gpu_kernels_under_x64(x64):
