@@ -3,7 +3,15 @@
 Inside the context (at trace time: enable it before jit traces your step), `moe_experts` and
 `ragged_dot` check their data on the device and raise, through `jax.debug.callback`, a ValueError
 naming the argument when expert ids fall outside [0, E), routing weights or tokens are not finite,
-or group sizes are negative or do not sum to at most the row count. Outside it nothing is checked at
+or group sizes are negative or do not sum to at most the row count.
+
+Under `jit` JAX (0.11.2) does not re-raise an exception of a host callback: the step raises
+`jax.errors.JaxRuntimeError` ("INTERNAL: CpuCallback error calling callback: ...", the
+ValueError's traceback and message inside) after `jax.debug.callback` logs the traceback. When
+that error leaves a `debug_checks()` block, the block raises the ValueError itself, chained to
+it; a step traced inside the context and run outside it raises the JaxRuntimeError. (Only
+`jax.experimental.checkify`, which needs the caller to wrap the step, raises a ValueError from
+inside jit.) Outside it nothing is checked at
 run time: out-of-range expert ids contribute zero, negative group sizes count as zero, a group-size
 sum past the row count is cut there, NaN propagates (docs/reliability.md).
 """
@@ -15,6 +23,9 @@ import jax
 import numpy as np
 
 _state = threading.local()
+# The last check that failed, read by `debug_checks` when the step's JaxRuntimeError leaves it.
+# Callbacks run on XLA's threads, so this is module-wide rather than thread-local.
+_failed: list[ValueError] = []
 
 
 def enabled() -> bool:
@@ -28,13 +39,21 @@ def debug_checks(enable: bool = True):
     _state.on = enable
     try:
         yield
+    except jax.errors.JaxRuntimeError as wrapped:
+        failed = next((e for e in _failed if str(e) in str(wrapped)), None)
+        if failed is None:
+            raise
+        raise ValueError(str(failed)) from wrapped
     finally:
         _state.on = previous
+        _failed.clear()
 
 
 def _raise_if(bad: bool, message: str) -> None:
     if bad:
-        raise ValueError(message)
+        error = ValueError(message)
+        _failed[:] = [error]
+        raise error
 
 
 def check_routing(x, topk_idx, topk_weight, num_experts: int) -> None:

@@ -175,6 +175,12 @@ def moe_apply(
     """The layer's math on plain arrays: `params` holds `config.param_specs()` names and, for the
     sigmoid_group_topk router, "correction_bias". Returns (y like x in compute dtype, aux)."""
     x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):  # checked here, before the reshape into [T, H]
+        raise TypeError(
+            f"x must be floating [..., hidden_size={config.hidden_size}] activations, got "
+            f"{x.dtype}{list(x.shape)}; cast it (e.g. x.astype(jnp.bfloat16)), or embed token ids "
+            "first."
+        )
     if x.ndim < 1 or x.shape[-1] != config.hidden_size:
         raise ValueError(f"x must be [..., hidden_size={config.hidden_size}], got {list(x.shape)}.")
     dtype = x.dtype if config.dtype is None else jnp.dtype(config.dtype)

@@ -28,6 +28,12 @@ def _check_floating(name: str, x: jax.Array) -> None:
         raise TypeError(f"{name} must be a floating-point array, got dtype {x.dtype}.")
 
 
+def _as_array(a):
+    """numpy arrays and lists as jax arrays (`jnp.asarray`, as moe_experts takes x); jax arrays
+    and other array types pass unchanged."""
+    return jnp.asarray(a) if isinstance(a, (np.ndarray, list, tuple)) else a
+
+
 def check_kernel_dtype(name: str, x: jax.Array, policy: str) -> None:
     """The Pallas kernels multiply 16- and 32-bit floats (float32 accumulation); float64 (under
     `jax_enable_x64`) runs on the xla backend only, which keeps it in float64."""
@@ -116,12 +122,14 @@ def ragged_dot(
 
     lhs `[M, K]`, rhs `[G, K, N]`, group_sizes `[G]` integer (consecutive row counts, summing to
     at most M; rows past the sum are zero; negative sizes count as 0 and a sum past M is cut at
-    M, see `moe_pallas.debug_checks` to make them errors). Returns `[M, N]` in `preferred_element_type`
-    (default: the promoted input dtype), accumulating in float32. rhs may be a
-    `moe_pallas.QuantizedWeight` (its logical dtype counts): streamed as stored on the Pallas
-    backends, dequantised per call on "xla"; differentiable in lhs only.
+    M, see `moe_pallas.debug_checks` to make them errors); array-likes (lists, numpy) are taken
+    through `jnp.asarray`. Returns `[M, N]` in `preferred_element_type` (default: the promoted
+    input dtype), accumulating in float32. rhs may be a `moe_pallas.QuantizedWeight` (its logical
+    dtype counts): streamed as stored on the Pallas backends, dequantised per call on "xla";
+    differentiable in lhs only.
     """
     policy = backends.resolve(implementation)
+    lhs, rhs, group_sizes = (_as_array(a) for a in (lhs, rhs, group_sizes))
     if lhs.ndim != 2:
         raise ValueError(f"lhs must be 2-D [M, K], got shape {lhs.shape}.")
     if rhs.ndim != 3:
@@ -161,6 +169,7 @@ def tgmm(
     zero.
     """
     policy = backends.resolve(implementation)
+    lhs, rhs, group_sizes = (_as_array(a) for a in (lhs, rhs, group_sizes))
     if lhs.ndim != 2 or rhs.ndim != 2:
         raise ValueError(f"lhs and rhs must be 2-D ([M, K], [M, N]), got {lhs.shape}, {rhs.shape}.")
     if lhs.shape[0] != rhs.shape[0]:

@@ -248,3 +248,58 @@ def test_nan_expert_weight_reaches_exactly_that_experts_tokens(impl):
     clean, out = np.asarray(f(params)), np.asarray(f(bad_params))
     assert not np.isfinite(out[routed_to_3]).all(axis=1).any()  # every such token sees it
     np.testing.assert_array_equal(out[~routed_to_3], clean[~routed_to_3])
+
+
+# --- error messages ----------------------------------------------------------------------------
+
+
+def test_layer_names_the_dtype_and_the_users_shape():
+    from flax import nnx
+
+    from moe_pallas import MoE
+
+    layer = MoE(8, 16, 4, 2, activation="swiglu", rngs=nnx.Rngs(0))
+    with pytest.raises(TypeError, match=r"x must be floating.*got int32\[2, 3, 8\]") as info:
+        layer(jnp.zeros((2, 3, 8), I32))
+    assert "[6, 8]" not in str(info.value) and "reshape" not in str(info.value)
+
+
+def test_all_numpy_float64_inputs_follow_one_rule():
+    """numpy x and params both become jax arrays by jnp.asarray: float32 without x64."""
+    rng = np.random.default_rng()
+    params = make_params(rng, 4, 16, 16, biases=True, dtype=np.float64)
+    idx, w = random_routing(rng, 6, 4, 2)
+    x = rng.standard_normal((6, 16))
+    out = moe_experts(
+        x, idx, w.astype(np.float64), params, activation="swiglu", implementation="xla"
+    )
+    want = moe_experts_reference(x, idx, w, params, activation="swiglu", dtype=F32)
+    assert out.dtype == F32 and rel_err(out, want) < 1e-5
+
+
+@pytest.mark.parametrize("impl", ["xla", "pallas_triton"])
+def test_ops_take_array_likes(impl):
+    """Lists and numpy arrays, as jnp.asarray takes them (jax.lax.ragged_dot takes numpy only)."""
+    rng = np.random.default_rng()
+    lhs, rhs = rng.standard_normal((18, 8)), rng.standard_normal((4, 8, 4))
+    got = ragged_dot(lhs.tolist(), rhs, [5, 0, 9, 4], implementation=impl)
+    ends = np.cumsum([0, 5, 0, 9, 4])
+    want = np.concatenate([lhs[ends[g] : ends[g + 1]] @ rhs[g] for g in range(4)])
+    assert rel_err(got, want) < 1e-5
+    got_t = tgmm(lhs, lhs[:, :4], [5, 0, 9, 4], implementation=impl)
+    assert rel_err(got_t[2], lhs[5:14].T @ lhs[5:14, :4]) < 1e-5
+
+
+def test_debug_checks_raise_the_value_error_under_jit():
+    import moe_pallas
+
+    lhs, rhs = jnp.ones((18, 4), F32), jnp.ones((4, 4, 2), F32)
+    f = jax.jit(lambda g: ragged_dot(lhs, rhs, g, implementation="xla"))
+    with (
+        pytest.raises(ValueError, match="group_sizes has negative entries") as info,
+        moe_pallas.debug_checks(),
+    ):
+        jax.block_until_ready(f(jnp.asarray([-3, 9, 4, 2], I32)))
+    assert isinstance(info.value.__cause__, jax.errors.JaxRuntimeError)
+    with moe_pallas.debug_checks():  # a valid call inside the context still runs
+        jax.block_until_ready(f(jnp.asarray([3, 9, 4, 2], I32)))
