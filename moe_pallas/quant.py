@@ -71,6 +71,12 @@ class QuantizedWeight:
     def ndim(self) -> int:
         return 3
 
+    @property
+    def element_dtype(self) -> jnp.dtype:
+        """The stored values' element type (float8_e4m3fn or float4_e2m1fn): the dtype key of
+        the quantised gmm's tuning-table entries."""
+        return jnp.dtype(jnp.float4_e2m1fn if self.fmt == "mxfp4" else jnp.float8_e4m3fn)
+
     def __getitem__(self, index):
         # `variable[...]` of an `nnx.Param` holding this weight (the `MoE` layer reads its
         # parameters so); slicing the stored arrays has no meaning for the logical weight.

@@ -24,11 +24,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moe_pallas import activations, tuning
+from moe_pallas import activations, quant, tuning
 from moe_pallas.backends import cublas_slab
 from moe_pallas.kernels import combine, glu_bwd, gmm_mgpu, slab, tgmm_mgpu
 from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.gmm import gmm
+from moe_pallas.kernels.gmm_quant import gmm_quant
 from moe_pallas.kernels.tgmm import tgmm
 
 
@@ -114,6 +115,28 @@ def triton_gmm_case(kernel: str, cfg: BlockConfig, seed: int):
         row_scale=row_scale,
     )
     return out, ref
+
+
+def quant_gmm_case(fmt: str, kernel: str, cfg: BlockConfig, seed: int):
+    """gmm_quant on `fmt` weights (gathered rows, bias, GLU or row scale) against float64 on the
+    exactly decoded weights; K past the blocks by 64 (mxfp4 packs K in 64s), N by 40."""
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    sizes = _sizes(bm, 3 * bm + 7)
+    m_rows, groups = sum(sizes), len(sizes)
+    k, n = 2 * bk + 64, bn + 40
+    activation = {"gmm_glu": "gptoss"}.get(kernel)
+    n_w = 2 * n if activation else n
+    rng, lhs, rhs = _inputs(seed, m_rows, k, n_w, groups)
+    w = quant.quantize_weight(rhs * k**-0.5, fmt)
+    perm = jnp.asarray(rng.permutation(m_rows), jnp.int32)
+    bias = jnp.asarray(rng.standard_normal((groups, n_w)) * 0.1, jnp.float32)
+    row_scale = jnp.asarray(rng.uniform(0.1, 1.0, m_rows), jnp.float32)
+    epilogue = {"activation": activation, "bias": bias} if activation else {"row_scale": row_scale}
+    sizes_arr = jnp.asarray(sizes, jnp.int32)
+    out = gmm_quant(
+        lhs, w, sizes_arr, lhs_row_index=perm, out_dtype=jnp.float32, config=cfg, **epilogue
+    )
+    return out, _gmm_ref(lhs[perm], w.dequantize(jnp.float32), sizes, **epilogue)
 
 
 def triton_tgmm_case(cfg: BlockConfig, seed: int):

@@ -232,3 +232,65 @@ def test_layer_and_checkpoints_kept_as_stored():
     assert rel_err(layer(x), want) < BF16_BOUND
     with pytest.raises(ValueError, match="dequantize=True"):
         moe_pallas.load_experts(gpt_oss_mxfp4_tensors(rng), "gpt_oss", dequantize=False)
+
+
+def _run_ptx(asm: str, word: int) -> list[int]:
+    """Executes the integer and bf16x2 instructions of an `elementwise_inline_asm` block on one
+    32-bit input ($2, four bytes) and returns its two 32-bit outputs ($0, $1)."""
+    regs = {"$2": word}
+
+    def val(x):
+        return regs[x] if x in regs else int(x, 0)
+
+    def bf16(bits):
+        return float(np.array([bits], np.uint16).view(jnp.bfloat16).astype(np.float64)[0])
+
+    for line in asm.strip("{}\n").splitlines():
+        op, args = line.rstrip(";").split(None, 1)
+        args = [a.strip() for a in args.split(",")]
+        if op == ".reg":
+            continue
+        d, *src = args
+        if op == "mov.b32":
+            regs[d] = val(src[0])
+        elif op == "prmt.b32":  # byte i of d = byte selector[i] of {b, a}
+            a, b, sel = (val(s) for s in src)
+            pool = a | (b << 32)
+            regs[d] = sum(
+                ((pool >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4)
+            )
+        elif op == "shl.b32":
+            regs[d] = (val(src[0]) << val(src[1])) & 0xFFFFFFFF
+        elif op == "and.b32":
+            regs[d] = val(src[0]) & val(src[1])
+        elif op == "lop3.b32":  # bitwise LUT over (a, b, c): bit = lut[a<<2 | b<<1 | c]
+            a, b, c, lut = (val(s) for s in src)
+            regs[d] = sum(
+                ((lut >> (((a >> i & 1) << 2) | ((b >> i & 1) << 1) | (c >> i & 1))) & 1) << i
+                for i in range(32)
+            )
+        elif op == "mul.rn.bf16x2":  # both operands exact powers of two or e2m1: exact product
+            a, b = val(src[0]), val(src[1])
+            halves = [bf16(a >> s & 0xFFFF) * bf16(b >> s & 0xFFFF) for s in (0, 16)]
+            bits = np.array(halves, np.float64).astype(jnp.bfloat16).view(np.uint16)
+            regs[d] = int(bits[0]) | int(bits[1]) << 16
+        else:
+            raise AssertionError(f"instruction {op} has no emulation here")
+    return [regs["$0"], regs["$1"]]
+
+
+@pytest.mark.parametrize("nibble", ["low", "high"])
+def test_e2m1_ptx_decodes_every_byte(nibble):
+    """The GPU's inline PTX decode (text as compiled, emulated instruction by instruction): every
+    byte's nibble becomes its e2m1 value in bf16, in element order, for all 256 bytes."""
+    from moe_pallas.kernels.gmm_quant import E2M1_PTX
+
+    byte_values = np.arange(256, dtype=np.int64)
+    got = []
+    for word_bytes in byte_values.reshape(-1, 4):
+        word = int(sum(int(b) << (8 * i) for i, b in enumerate(word_bytes)))
+        for out in _run_ptx(E2M1_PTX[nibble], word):  # $0: elements 0, 1; $1: elements 2, 3
+            got += [out & 0xFFFF, out >> 16]
+    got = np.array(got, np.uint16).view(jnp.bfloat16).astype(np.float64)
+    codes = byte_values >> 4 if nibble == "high" else byte_values & 0xF
+    np.testing.assert_array_equal(got, e2m1_oracle(codes))

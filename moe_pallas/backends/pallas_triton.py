@@ -4,7 +4,8 @@ Config of a call: the tuning table's "pallas_triton" entry for (kernel, dtype, K
 (`moe_pallas.tuning`), fitted to the problem, with block_n then narrowed by `spread_block_n` for
 the gmm kernels: with few rows each hit expert's weights must be split over every SM to stream at
 full bandwidth (at T = 1, 4 experts x 45 column tiles would leave SMs idle). A gmm on a
-`quant.QuantizedWeight` runs `kernels.gmm_quant` with the bf16 entry of its shape.
+`quant.QuantizedWeight` runs `kernels.gmm_quant` with the entry of its stored element type
+(float8_e4m3fn, float4_e2m1fn), else the bf16 ("*") entry of its shape.
 """
 
 import dataclasses
@@ -77,7 +78,7 @@ def gmm(
     kernel = backends.gmm_kernel_name(activation, transpose_rhs)
     cfg = config(
         kernel,
-        lhs.dtype if quant.is_quantized(rhs) else jnp.promote_types(lhs.dtype, rhs.dtype),
+        rhs.element_dtype if quant.is_quantized(rhs) else jnp.promote_types(lhs.dtype, rhs.dtype),
         num_rows,
         rhs.shape[0],
         lhs.shape[1],

@@ -11,18 +11,22 @@ Each format puts its scale where it costs least:
     K step's partial dot is scaled: acc += dot(x, q) · s[k0 // 128, n]. [E, K/128, N/128]
     scales are widened to per-column [E, K/128, N] per call (1/32 of the fp8 bytes), so a tile
     needs no alignment to the 128-column blocks (SwiGLU's up half starts at column I).
-  - "mxfp4": a scale per 32 values of K: each step takes 32 byte rows r0.., their low nibbles
-    (k = r0..r0+31) and high nibbles (k = K/2 + r0..), decodes the e2m1 codes (exact in bf16)
-    and scales the two [rows, 32] x [32, n] partial dots by their power of two per column:
+  - "mxfp4": a scale per 32 values of K: each 32-byte-row sub-block r0.. holds k = r0..r0+31
+    (low nibbles) and k = K/2 + r0.. (high nibbles); both decode to bf16 by bit placement
+    (`_e2m1`: inline PTX on the GPU, 3 integer or bf16x2 instructions a value) and the two
+    [rows, 32] x [32, n] partial dots are scaled by their power of two per column:
     acc += dot(x[:, k_lo], lo) · 2^(s_lo − 127) + dot(x[:, k_hi], hi) · 2^(s_hi − 127).
-    K is a multiple of 64, so there is no K tail.
+    A loop step takes block_k / 64 sub-blocks (more weight bytes in flight per step); K is a
+    multiple of 64, so there is no K tail.
 Every scale product is one float32 multiply of a float32 partial sum, so the result equals the
 float32-accumulated product with the exactly decoded weights up to float32 summation order.
 
 Tiling. As `kernels.gmm`: a 1-D grid of (visit, n-tile) pairs over `dispatch.tile_schedule`'s
 visits, the in-kernel row gather, one compiled path per tile height (`BlockConfig.m_paths`), K
 and N tails masked. No `tail_m` second dot and no transposed weights: the backward's products
-with wᵀ dequantise per call (`moe_pallas.backends`).
+with wᵀ dequantise per call (`moe_pallas.backends`). fp8 values are loaded as bytes and bitcast
+in registers (a masked fp8 load's fill value does not lower in Triton 3.6), then converted to
+lhs's dtype by the hardware conversion.
 """
 
 import dataclasses
@@ -50,13 +54,51 @@ def _load(ref, mask):
     return plgpu.load(ref, mask=mask) if mask is None else plgpu.load(ref, mask=mask, other=0)
 
 
-def _e2m1(codes, dtype):
-    """int32 e2m1 codes -> values in dtype (exact: at most 2 significant bits)."""
-    e = (codes >> 1) & 3
-    m = (codes & 1).astype(jnp.float32)
-    pow2 = jnp.where(e == 1, 1.0, jnp.where(e == 2, 2.0, 4.0))
-    mag = jnp.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * pow2)
-    return jnp.where(codes >= 8, -mag, mag).astype(dtype)
+# e2m1 -> bf16 by bit placement: the code's exponent and mantissa bits (E1 E0 M) go to bf16's
+# lowest two exponent bits and top mantissa bit, the sign to the sign bit, which reads as
+# e2m1(code) · 2^-126 (E = 0, M = 1 is bf16's subnormal 2^-127, i.e. 0.5 · 2^-126); one bf16
+# multiply by 2^126 is then exact. On the GPU one inline PTX block does this for the low or the
+# high nibbles of 4 bytes in 32-bit lanes: 2 byte permutes, then per pair of values 2 shifts, an
+# and, a lop3 and a bf16x2 multiply (3 instructions a value). (One block with both nibbles' two
+# outputs would save the second pair of permutes, but jax 0.11.2's Pallas lowering of
+# elementwise_inline_asm returns a single result.)
+def _e2m1_ptx(high: bool) -> str:
+    shift = 4 if high else 0
+    pair = "".join(
+        f"""prmt.b32 t, $2, z, {selector};
+shl.b32 a, t, {6 - shift};
+and.b32 a, a, 0x01C001C0;
+shl.b32 b, t, {12 - shift};
+lop3.b32 a, b, 0x80008000, a, 0xEA;
+mul.rn.bf16x2 ${out}, a, c;
+"""
+        for out, selector in ((0, "0x4140"), (1, "0x4342"))
+    )
+    return "{\n.reg .b32 t, a, b, c, z;\nmov.b32 c, 0x7E807E80;\nmov.b32 z, 0;\n" + pair + "}"
+
+
+E2M1_PTX = {"low": _e2m1_ptx(False), "high": _e2m1_ptx(True)}
+
+
+def _e2m1(q, nibble: str):
+    """uint8 [r, n] -> the e2m1 values of its low or high nibbles as bf16 [r, n] (exact)."""
+    if not _common.interpret_mode():
+        [w] = plgpu.elementwise_inline_asm(
+            E2M1_PTX[nibble],
+            args=[q],
+            constraints="=r,=r,r",
+            pack=4,
+            result_shape_dtypes=[jax.ShapeDtypeStruct(q.shape, jnp.bfloat16)],
+        )
+        return w
+    # The same bits without the subnormal (XLA on CPU flushes it): magnitude codes m >= 2 are
+    # 0x3F00 + (m << 6) (1.0 is 0x3F80), m = 1 is 0.5 (0x3F00), m = 0 is 0.
+    codes = q.astype(jnp.int32)
+    codes = codes >> 4 if nibble == "high" else codes & 0xF
+    m = codes & 7
+    mag = jnp.where(m >= 2, 0x3F00 + (m << 6), jnp.where(m == 1, 0x3F00, 0))
+    bits = (mag | ((codes & 8) << 12)).astype(jnp.uint16)
+    return jax.lax.bitcast_convert_type(bits, jnp.bfloat16)
 
 
 def _e8m0(codes):
@@ -85,7 +127,8 @@ def _kernel(
     row_scale_ref = next(it) if has_row_scale else None
     out_ref = next(it)
     bm, bn = cfg.block_m, cfg.block_n
-    bk = MX_BLOCK if fmt == "mxfp4" else cfg.block_k
+    bk = cfg.block_k
+    unroll = bk // (2 * MX_BLOCK)  # mxfp4: 32-byte-row sub-blocks per loop step
 
     n_tiles = pl.cdiv(n_out, bn)
     pid = pl.program_id(0)
@@ -126,41 +169,49 @@ def _kernel(
         row_ok, out_mask = masks(h)
         src = _load(row_index_ref.at[pl.ds(m0, h)], row_ok) if gather else None
 
-        def lhs_tile(k0, k_mask):
+        def lhs_tile(k0, bk, k_mask):
             ks = k0 + jnp.arange(bk, dtype=jnp.int32)
             a_mask = _and(row_ok[:, None], None if k_mask is None else k_mask[None, :])
             if gather:
                 return _load(lhs_ref.at[src[:, None], ks[None, :]], a_mask).astype(compute_dtype)
             return _load(lhs_ref.at[pl.ds(m0, h), pl.ds(k0, bk)], a_mask).astype(compute_dtype)
 
-        def body(i, accs):
+        def mx_step(r0, s_row, accs):
+            """One 32-byte-row sub-block: k = r0.. (low nibbles) and K/2 + r0.. (high)."""
+            a_lo, a_hi = lhs_tile(r0, MX_BLOCK, None), lhs_tile(k_dim // 2 + r0, MX_BLOCK, None)
             new = list(accs)
-            if fmt == "mxfp4":
-                r0 = i * bk
-                a_lo, a_hi = lhs_tile(r0, None), lhs_tile(k_dim // 2 + r0, None)
-                for c, (c0, width, c_mask) in enumerate(blocks):
-                    q = _load(
-                        values_ref.at[g, pl.ds(r0, bk), pl.ds(c0, width)],
-                        None if c_mask is None else c_mask[None, :],
-                    ).astype(jnp.int32)
-                    s_lo, s_hi = (
-                        _e8m0(_load(scales_ref.at[g, row, pl.ds(c0, width)], c_mask))
-                        for row in (i, k_dim // (2 * MX_BLOCK) + i)
-                    )
-                    lo = plgpu.dot(a_lo, _e2m1(q & 0xF, compute_dtype))
-                    hi = plgpu.dot(a_hi, _e2m1(q >> 4, compute_dtype))
-                    new[c] = new[c] + lo * s_lo[None, :] + hi * s_hi[None, :]
-                return tuple(new)
+            for c, (c0, width, c_mask) in enumerate(blocks):
+                q = _load(
+                    values_ref.at[g, pl.ds(r0, MX_BLOCK), pl.ds(c0, width)],
+                    None if c_mask is None else c_mask[None, :],
+                )
+                s_lo, s_hi = (
+                    _e8m0(_load(scales_ref.at[g, row, pl.ds(c0, width)], c_mask))
+                    for row in (s_row, k_dim // (2 * MX_BLOCK) + s_row)
+                )
+                w_lo, w_hi = (_e2m1(q, n).astype(compute_dtype) for n in ("low", "high"))
+                lo, hi = plgpu.dot(a_lo, w_lo), plgpu.dot(a_hi, w_hi)
+                new[c] = new[c] + lo * s_lo[None, :] + hi * s_hi[None, :]
+            return tuple(new)
+
+        def mx_body(i, accs):
+            for u in range(unroll):
+                accs = mx_step((i * unroll + u) * MX_BLOCK, i * unroll + u, accs)
+            return accs
+
+        def fp8_body(i, accs):
             k0 = i * bk
             k_mask = (k0 + jnp.arange(bk, dtype=jnp.int32)) < k_dim if k_dim % bk else None
-            a = lhs_tile(k0, k_mask)
+            a = lhs_tile(k0, bk, k_mask)
+            new = list(accs)
             for c, (c0, width, c_mask) in enumerate(blocks):
                 kn_mask = _and(
                     None if k_mask is None else k_mask[:, None],
                     None if c_mask is None else c_mask[None, :],
                 )
                 b = _load(values_ref.at[g, pl.ds(k0, bk), pl.ds(c0, width)], kn_mask)
-                d = plgpu.dot(a, b.astype(compute_dtype))
+                b = jax.lax.bitcast_convert_type(b, jnp.float8_e4m3fn).astype(compute_dtype)
+                d = plgpu.dot(a, b)
                 if fmt == "fp8_block":
                     s = _load(scales_ref.at[g, k0 // FP8_BLOCK, pl.ds(c0, width)], c_mask)
                     d = d * s[None, :]
@@ -168,8 +219,17 @@ def _kernel(
             return tuple(new)
 
         accs = tuple(jnp.zeros((h, width), jnp.float32) for _, width, _ in blocks)
-        steps = k_dim // (2 * MX_BLOCK) if fmt == "mxfp4" else pl.cdiv(k_dim, bk)
-        accs = jax.lax.fori_loop(0, steps, body, accs)
+        if fmt == "mxfp4":
+            sub_blocks = k_dim // (2 * MX_BLOCK)
+            accs = jax.lax.fori_loop(0, sub_blocks // unroll, mx_body, accs)
+            accs = jax.lax.fori_loop(
+                sub_blocks - sub_blocks % unroll,
+                sub_blocks,
+                lambda j, accs: mx_step(j * MX_BLOCK, j, accs),
+                accs,
+            )
+        else:
+            accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), fp8_body, accs)
         if fmt == "fp8":
             accs = tuple(
                 acc * _load(scales_ref.at[g, pl.ds(c0, width)], c_mask)[None, :]
@@ -202,6 +262,15 @@ def _kernel(
         pl.when(run)(functools.partial(grouped_rows, p))
 
 
+def _block_k(fmt: str, block_k: int) -> int:
+    """K values per loop step: fp8_block at most 128 (one scale row per step); mxfp4 64, 128 or
+    256 (1, 2 or 4 sub-blocks of 32 byte rows, each scale row its own pair of dots); fp8 at most
+    256."""
+    if fmt == "mxfp4":
+        return min(max(block_k, 2 * MX_BLOCK), 8 * MX_BLOCK)
+    return min(block_k, FP8_BLOCK if fmt == "fp8_block" else 2 * FP8_BLOCK)
+
+
 def gmm_quant(
     lhs: jax.Array,
     rhs,
@@ -215,8 +284,8 @@ def gmm_quant(
     config: BlockConfig | None = None,
 ) -> jax.Array:
     """`kernels.gmm.gmm` (no transpose_rhs) with rhs a `QuantizedWeight` of logical shape
-    [G, K, N] (module docstring); config's tail_m is ignored, block_k capped at 128 (a divisor of
-    the fp8 blocks) and fixed at 32 for mxfp4."""
+    [G, K, N] (module docstring); config's tail_m is ignored and block_k fitted to the format
+    (`_block_k`)."""
     fmt = rhs.fmt
     num_groups, k_dim, n_dim = rhs.shape
     if lhs.ndim != 2 or lhs.shape[1] != k_dim:
@@ -235,8 +304,10 @@ def gmm_quant(
     if num_rows == 0 or n_out == 0:
         return jnp.zeros((num_rows, n_out), out_dtype)
     cfg = (config or BlockConfig()).fit(num_rows, k_dim, n_out)
-    cfg = dataclasses.replace(cfg, block_k=min(cfg.block_k, FP8_BLOCK), tail_m=0)
-    scales = rhs.scales
+    cfg = dataclasses.replace(cfg, block_k=_block_k(fmt, cfg.block_k), tail_m=0)
+    values, scales = rhs.values, rhs.scales
+    if fmt != "mxfp4":  # fp8 travels as bytes: a masked fp8 load's fill value does not lower
+        values = jax.lax.bitcast_convert_type(values, jnp.uint8)
     if fmt == "fp8_block" and scales.shape[2] != n_dim:  # per column (module docstring)
         scales = jnp.repeat(scales.astype(jnp.float32), FP8_BLOCK, axis=2)[:, :, :n_dim]
     sched = dispatch.tile_schedule(
@@ -246,7 +317,7 @@ def gmm_quant(
     operands = [sched.group, sched.m_start, sched.row_end]
     if gather:
         operands.append(lhs_row_index.astype(jnp.int32))
-    operands += [lhs, rhs.values, scales]
+    operands += [lhs, values, scales]
     if bias is not None:
         operands.append(bias)
     if row_scale is not None:
