@@ -253,6 +253,15 @@ def slab_case(seed: int):
     )
 
 
+def _quant_formats(dtype) -> tuple[str, ...]:
+    """The quantised formats whose gmm_quant runs a table entry of this dtype key."""
+    names = {dtype} if isinstance(dtype, str) else set(dtype)
+    if "*" in names:
+        return quant.FORMATS
+    fp8 = ("fp8", "fp8_block") if "float8_e4m3fn" in names else ()
+    return fp8 + (("mxfp4",) if "float4_e2m1fn" in names else ())
+
+
 @dataclasses.dataclass(frozen=True)
 class Case:
     name: str
@@ -273,6 +282,16 @@ def cases() -> list[Case]:
         label = f"{e['backend']}/{e['kernel']}/{e['rows']}/{e['config']}"
         if e["backend"] == "pallas_triton":
             cfg = BlockConfig(**e["config"])
+            if e["kernel"] in ("gmm", "gmm_glu"):  # gmm_quant runs these configs too
+                for fmt in _quant_formats(e["dtype"]):
+                    out.append(
+                        Case(
+                            f"{label}/gmm_quant/{fmt}",
+                            lambda f=fmt, k=e["kernel"], cfg=cfg, i=i: quant_gmm_case(f, k, cfg, i),
+                        )
+                    )
+            if e["dtype"] not in ("*", "bfloat16", "float16", "float32"):
+                continue  # a quantised element type: gmm_quant's entry only
             if e["kernel"] == "tgmm":
                 out.append(Case(label, lambda cfg=cfg, i=i: triton_tgmm_case(cfg, i)))
             else:

@@ -9,6 +9,7 @@ import pytest
 import moe_pallas
 from moe_pallas import quant
 from moe_pallas.kernels.config import BlockConfig
+from moe_pallas.kernels import gmm_quant as gmm_quant_module
 from moe_pallas.kernels.gmm_quant import gmm_quant
 from moe_pallas.reference import moe_experts_reference
 from tests.helpers import make_params, random_routing
@@ -79,12 +80,24 @@ def gmm_oracle(x, w, group_sizes, bias, activation, row_scale):
 
 
 @pytest.mark.parametrize(
-    "fmt,activation",
-    [("fp8", None), ("fp8_block", "swiglu"), ("mxfp4", "gptoss"), ("mxfp4", None)],
+    "fmt,activation,paired",
+    [
+        ("fp8", None, False),
+        ("fp8_block", "swiglu", False),
+        ("mxfp4", "gptoss", False),
+        ("mxfp4", None, False),
+        ("fp8", "swiglu", True),
+        ("fp8", "gptoss", True),
+        ("fp8_block", None, True),
+        ("mxfp4", "swiglu", True),
+    ],
 )
-def test_gmm_quant_matches_oracle(fmt, activation):
+def test_gmm_quant_matches_oracle(fmt, activation, paired, monkeypatch):
     """K = 192 (a 128-row K block and a 64-row tail; 3 x 64 for mxfp4), N = 2·80 with 32-column
-    tiles (ragged N tail), an empty group, a one-row group, rows past the groups, gathered rows."""
+    tiles (ragged N tail), an empty group, a one-row group, rows past the groups, gathered rows.
+    paired: the byte-pair view of weights with 2^31 to 2^32 bytes, forced at this size."""
+    if paired:
+        monkeypatch.setattr(gmm_quant_module, "PAIRED_MIN_ELEMENTS", 0)
     rng = np.random.default_rng()
     e, k, n, m = 4, 192, 160, 30
     n_out = n // 2 if activation else n
@@ -294,3 +307,41 @@ def test_e2m1_ptx_decodes_every_byte(nibble):
     got = np.array(got, np.uint16).view(jnp.bfloat16).astype(np.float64)
     codes = byte_values >> 4 if nibble == "high" else byte_values & 0xF
     np.testing.assert_array_equal(got, e2m1_oracle(codes))
+
+
+def test_paired_view_needs_even_columns(monkeypatch):
+    """Weights read as byte pairs (2^31 to 2^32 bytes, forced here) with an odd N: a ValueError
+    naming N and the fix, not a misread column."""
+    monkeypatch.setattr(gmm_quant_module, "PAIRED_MIN_ELEMENTS", 0)
+    qw = quant.quantize_weight(jnp.ones((2, 64, 33), jnp.bfloat16), "fp8")
+    with pytest.raises(ValueError, match="even N.*N=33"):
+        gmm_quant(jnp.ones((4, 64), jnp.bfloat16), qw, jnp.array([2, 2], jnp.int32))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
+def test_swiglu256_sized_quantised_weights(fmt):
+    """SwiGLU-256's weights as stored: fp8 gate_up values [256, 4096, 4096] are 2^32 bytes, past
+    int32 element offsets (read as byte pairs), mxfp4's are 2^31 (int32 offsets, just). Tokens
+    routed to the first and the last experts (offsets near 0 and near the end) match the bf16
+    block on the exactly decoded weights."""
+    h, inter, e, k = 4096, 2048, 256, 8
+    keys = jax.random.split(jax.random.key(0), 3)
+    params = {
+        "w_gate_up": (jax.random.normal(keys[0], (e, h, 2 * inter), jnp.bfloat16) * h**-0.5),
+        "w_down": (jax.random.normal(keys[1], (e, inter, h), jnp.bfloat16) * inter**-0.5),
+    }
+    qparams = moe_pallas.quantize_experts(params, fmt)
+    del params
+    x = jax.random.normal(keys[2], (4, h), jnp.bfloat16)
+    topk_idx = jnp.array(
+        [[0, 1, 127, 128, 129, 200, 254, 255], [255, 3, 77, 130, 64, 190, 240, 2]] * 2, jnp.int32
+    )
+    topk_weight = jnp.full(topk_idx.shape, 1 / k, jnp.float32)
+    out = moe_pallas.moe_experts(x, topk_idx, topk_weight, qparams, activation="swiglu")
+    dense = quant.dequantize_experts(qparams)
+    want = moe_pallas.moe_experts(
+        x, topk_idx, topk_weight, dense, activation="swiglu", implementation="pallas_triton"
+    )
+    assert np.isfinite(np.asarray(out, np.float32)).all()
+    assert rel_err(out, want) < BF16_BOUND

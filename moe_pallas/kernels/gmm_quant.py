@@ -27,6 +27,14 @@ and N tails masked. No `tail_m` second dot and no transposed weights: the backwa
 with wᵀ dequantise per call (`moe_pallas.backends`). fp8 values are loaded as bytes and bitcast
 in registers (a masked fp8 load's fill value does not lower in Triton 3.6), then converted to
 lhs's dtype by the hardware conversion.
+
+Offsets. Pallas addresses an array in int32 element offsets unless it spans more than 2^32
+bytes, so a byte array of more than 2^31 elements, up to 2^32 (fp8 SwiGLU-256 gate_up,
+[256, 4096, 4096]), would overflow them. Such values are read as uint16 [E, rows, N/2] byte pairs (half the elements, the
+same bytes): the even and odd columns of a tile then load as one pair tile, split into bytes in
+registers, and multiply as two half-width dots whose accumulators are interleaved again before
+the epilogue (gpt-oss's interleaved gate and up columns are exactly the two halves). N (and for
+SwiGLU N/2) must be even there.
 """
 
 import dataclasses
@@ -44,6 +52,9 @@ from moe_pallas.kernels.config import BlockConfig
 
 FP8_BLOCK = 128
 MX_BLOCK = 32
+# Byte arrays from this many elements (an offset past int32) up to 2^32 bytes are read as
+# uint16 pairs (module docstring, Offsets).
+PAIRED_MIN_ELEMENTS = 2**31 + 1
 
 
 def _and(a, b):
@@ -118,6 +129,7 @@ def _kernel(
     activation: str | None,
     has_row_scale: bool,
     compute_dtype,
+    paired: bool,
 ):
     it = iter(refs)
     group_ref, m_start_ref, row_end_ref = (next(it) for _ in range(3))
@@ -144,13 +156,38 @@ def _kernel(
     cols = n0 + jnp.arange(bn, dtype=jnp.int32)
     n_mask = cols < n_out if n_out % bn else None
     used = m0 < row_end
+    # Weight column blocks of the tile: (first column, width, valid columns or None if all are).
     if activation == "gptoss":
-        pair_cols = 2 * n0 + jnp.arange(2 * bn, dtype=jnp.int32)
-        blocks = ((2 * n0, 2 * bn, None if n_mask is None else pair_cols < 2 * n_out),)
+        blocks = ((2 * n0, 2 * bn, None if n_mask is None else 2 * (n_out - n0)),)
     elif activation == "swiglu":
-        blocks = ((n0, bn, n_mask), (n_out + n0, bn, n_mask))
+        valid = None if n_mask is None else n_out - n0
+        blocks = ((n0, bn, valid), (n_out + n0, bn, valid))
     else:
-        blocks = ((n0, bn, n_mask),)
+        blocks = ((n0, bn, None if n_mask is None else n_out - n0),)
+
+    def parts(c0, width, valid):
+        """The column sets a block's weights load as: (columns, mask) of the whole block, or
+        in the paired view its even and odd columns (one byte each of the uint16 pairs)."""
+        if not paired:
+            mask = None if valid is None else jnp.arange(width, dtype=jnp.int32) < valid
+            return [(pl.ds(c0, width), mask)]
+        half = width // 2
+        mask = None if valid is None else jnp.arange(half, dtype=jnp.int32) < valid // 2
+        evens = c0 + 2 * jnp.arange(half, dtype=jnp.int32)
+        return [(evens + parity, mask) for parity in (0, 1)]
+
+    def load_bytes(row0, rows, c0, width, valid, k_mask=None):
+        """uint8 weight bytes [rows, cols] per part (see `parts`)."""
+        masks = [m for _, m in parts(c0, width, valid)]
+        col_mask = masks[0]
+        mask = _and(
+            None if k_mask is None else k_mask[:, None],
+            None if col_mask is None else col_mask[None, :],
+        )
+        if not paired:
+            return [_load(values_ref.at[g, pl.ds(row0, rows), pl.ds(c0, width)], mask)]
+        pair = _load(values_ref.at[g, pl.ds(row0, rows), pl.ds(c0 // 2, width // 2)], mask)
+        return [(pair & 0xFF).astype(jnp.uint8), (pair >> 8).astype(jnp.uint8)]
 
     def masks(h):
         rows = m0 + jnp.arange(h, dtype=jnp.int32)
@@ -179,20 +216,18 @@ def _kernel(
         def mx_step(r0, s_row, accs):
             """One 32-byte-row sub-block: k = r0.. (low nibbles) and K/2 + r0.. (high)."""
             a_lo, a_hi = lhs_tile(r0, MX_BLOCK, None), lhs_tile(k_dim // 2 + r0, MX_BLOCK, None)
-            new = list(accs)
-            for c, (c0, width, c_mask) in enumerate(blocks):
-                q = _load(
-                    values_ref.at[g, pl.ds(r0, MX_BLOCK), pl.ds(c0, width)],
-                    None if c_mask is None else c_mask[None, :],
-                )
-                s_lo, s_hi = (
-                    _e8m0(_load(scales_ref.at[g, row, pl.ds(c0, width)], c_mask))
-                    for row in (s_row, k_dim // (2 * MX_BLOCK) + s_row)
-                )
-                w_lo, w_hi = (_e2m1(q, n).astype(compute_dtype) for n in ("low", "high"))
-                lo, hi = plgpu.dot(a_lo, w_lo), plgpu.dot(a_hi, w_hi)
-                new[c] = new[c] + lo * s_lo[None, :] + hi * s_hi[None, :]
-            return tuple(new)
+            new = [list(acc) for acc in accs]
+            for c, block in enumerate(blocks):
+                q_parts = load_bytes(r0, MX_BLOCK, *block)
+                for part, (q, (cols, mask)) in enumerate(zip(q_parts, parts(*block))):
+                    s_lo, s_hi = (
+                        _e8m0(_load(scales_ref.at[g, row, cols], mask))
+                        for row in (s_row, k_dim // (2 * MX_BLOCK) + s_row)
+                    )
+                    w_lo, w_hi = (_e2m1(q, n).astype(compute_dtype) for n in ("low", "high"))
+                    lo, hi = plgpu.dot(a_lo, w_lo), plgpu.dot(a_hi, w_hi)
+                    new[c][part] = new[c][part] + lo * s_lo[None, :] + hi * s_hi[None, :]
+            return tuple(tuple(acc) for acc in new)
 
         def mx_body(i, accs):
             for u in range(unroll):
@@ -203,22 +238,21 @@ def _kernel(
             k0 = i * bk
             k_mask = (k0 + jnp.arange(bk, dtype=jnp.int32)) < k_dim if k_dim % bk else None
             a = lhs_tile(k0, bk, k_mask)
-            new = list(accs)
-            for c, (c0, width, c_mask) in enumerate(blocks):
-                kn_mask = _and(
-                    None if k_mask is None else k_mask[:, None],
-                    None if c_mask is None else c_mask[None, :],
-                )
-                b = _load(values_ref.at[g, pl.ds(k0, bk), pl.ds(c0, width)], kn_mask)
-                b = jax.lax.bitcast_convert_type(b, jnp.float8_e4m3fn).astype(compute_dtype)
-                d = plgpu.dot(a, b)
-                if fmt == "fp8_block":
-                    s = _load(scales_ref.at[g, k0 // FP8_BLOCK, pl.ds(c0, width)], c_mask)
-                    d = d * s[None, :]
-                new[c] = new[c] + d
-            return tuple(new)
+            new = [list(acc) for acc in accs]
+            for c, block in enumerate(blocks):
+                b_parts = load_bytes(k0, bk, *block, k_mask=k_mask)
+                for part, (b, (cols, mask)) in enumerate(zip(b_parts, parts(*block))):
+                    b = jax.lax.bitcast_convert_type(b, jnp.float8_e4m3fn).astype(compute_dtype)
+                    d = plgpu.dot(a, b)
+                    if fmt == "fp8_block":
+                        d = d * _load(scales_ref.at[g, k0 // FP8_BLOCK, cols], mask)[None, :]
+                    new[c][part] = new[c][part] + d
+            return tuple(tuple(acc) for acc in new)
 
-        accs = tuple(jnp.zeros((h, width), jnp.float32) for _, width, _ in blocks)
+        accs = tuple(
+            tuple(jnp.zeros((h, width // 2 if paired else width), jnp.float32) for _ in ps)
+            for (_, width, _), ps in ((block, parts(*block)) for block in blocks)
+        )
         if fmt == "mxfp4":
             sub_blocks = k_dim // (2 * MX_BLOCK)
             accs = jax.lax.fori_loop(0, sub_blocks // unroll, mx_body, accs)
@@ -230,18 +264,27 @@ def _kernel(
             )
         else:
             accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), fp8_body, accs)
-        if fmt == "fp8":
-            accs = tuple(
-                acc * _load(scales_ref.at[g, pl.ds(c0, width)], c_mask)[None, :]
-                for acc, (c0, width, c_mask) in zip(accs, blocks)
-            )
-        if has_bias:
-            accs = tuple(
-                acc + _load(bias_ref.at[g, pl.ds(c0, width)], c_mask).astype(jnp.float32)[None, :]
-                for acc, (c0, width, c_mask) in zip(accs, blocks)
-            )
-        if activation == "gptoss":
-            accs = jnp.unstack(accs[0].reshape(h, bn, 2), axis=-1)
+
+        def epilogue(acc, cols, mask):
+            if fmt == "fp8":
+                acc = acc * _load(scales_ref.at[g, cols], mask)[None, :]
+            if has_bias:
+                acc = acc + _load(bias_ref.at[g, cols], mask).astype(jnp.float32)[None, :]
+            return acc
+
+        accs = [
+            [epilogue(acc, cols, mask) for acc, (cols, mask) in zip(block_accs, parts(*block))]
+            for block_accs, block in zip(accs, blocks)
+        ]
+        if activation == "gptoss":  # gate and up columns interleave: the even and odd ones
+            [block_accs] = accs
+            if paired:
+                gate, up = block_accs
+            else:
+                gate, up = jnp.unstack(block_accs[0].reshape(h, bn, 2), axis=-1)
+            accs = [gate, up]
+        else:  # whole blocks: the paired view's even and odd columns interleaved again
+            accs = [jnp.stack(ba, axis=-1).reshape(h, -1) if paired else ba[0] for ba in accs]
         out = glu(accs[0], accs[1], activation) if activation else accs[0]
         if has_row_scale:
             scale = _load(row_scale_ref.at[pl.ds(m0, h)], row_ok)
@@ -308,6 +351,16 @@ def gmm_quant(
     values, scales = rhs.values, rhs.scales
     if fmt != "mxfp4":  # fp8 travels as bytes: a masked fp8 load's fill value does not lower
         values = jax.lax.bitcast_convert_type(values, jnp.uint8)
+    paired = PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (module docstring, Offsets)
+    if paired:
+        if n_dim % 2 or (activation == "swiglu" and n_out % 2):
+            raise ValueError(
+                f"{fmt} weights of {values.size} bytes (over 2^31, at most 2^32) are read as byte pairs "
+                f"along N, which needs an even N (and for swiglu an even N/2); got N={n_dim}. "
+                "Pad the weight's N or use the bf16 weights (dequantize_experts)."
+            )
+        e, r, n = values.shape
+        values = jax.lax.bitcast_convert_type(values.reshape(e, r, n // 2, 2), jnp.uint16)
     if fmt == "fp8_block" and scales.shape[2] != n_dim:  # per column (module docstring)
         scales = jnp.repeat(scales.astype(jnp.float32), FP8_BLOCK, axis=2)[:, :, :n_dim]
     sched = dispatch.tile_schedule(
@@ -335,6 +388,7 @@ def gmm_quant(
         activation=activation,
         has_row_scale=row_scale is not None,
         compute_dtype=lhs.dtype,
+        paired=paired,
     )
     return pl.pallas_call(
         kernel,
