@@ -8,8 +8,8 @@ import pytest
 
 import moe_pallas
 from moe_pallas import quant
-from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels import gmm_quant as gmm_quant_module
+from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.gmm_quant import gmm_quant
 from moe_pallas.reference import moe_experts_reference
 from tests.helpers import make_params, random_routing
