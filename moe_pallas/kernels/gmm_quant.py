@@ -130,7 +130,6 @@ def _kernel(
     has_row_scale: bool,
     compute_dtype,
     paired: bool,
-    swap_ab: bool,
 ):
     it = iter(refs)
     group_ref, m_start_ref, row_end_ref = (next(it) for _ in range(3))
@@ -205,21 +204,6 @@ def _kernel(
 
     def grouped_rows(h):
         row_ok, out_mask = masks(h)
-
-        # swap_ab: accumulate out^T = w^T x^T, so the converted weight tile is the dot's first
-        # operand (Hopper's wgmma reads it from registers; as the second it goes back through
-        # shared memory); per-column vectors then broadcast along rows of the accumulator.
-        def _dot(x_tile, w_tile):
-            if swap_ab:
-                return plgpu.dot(w_tile, x_tile, trans_a=True, trans_b=True)
-            return plgpu.dot(x_tile, w_tile)
-
-        def _cols(v):
-            return v[:, None] if swap_ab else v[None, :]
-
-        def _acc_shape(rows, width):
-            return (width, rows) if swap_ab else (rows, width)
-
         src = _load(row_index_ref.at[pl.ds(m0, h)], row_ok) if gather else None
 
         def lhs_tile(k0, bk, k_mask):
@@ -241,8 +225,8 @@ def _kernel(
                         for row in (s_row, k_dim // (2 * MX_BLOCK) + s_row)
                     )
                     w_lo, w_hi = (_e2m1(q, n).astype(compute_dtype) for n in ("low", "high"))
-                    lo, hi = _dot(a_lo, w_lo), _dot(a_hi, w_hi)
-                    new[c][part] = new[c][part] + lo * _cols(s_lo) + hi * _cols(s_hi)
+                    lo, hi = plgpu.dot(a_lo, w_lo), plgpu.dot(a_hi, w_hi)
+                    new[c][part] = new[c][part] + lo * s_lo[None, :] + hi * s_hi[None, :]
             return tuple(tuple(acc) for acc in new)
 
         def mx_body(i, accs):
@@ -259,16 +243,14 @@ def _kernel(
                 b_parts = load_bytes(k0, bk, *block, k_mask=k_mask)
                 for part, (b, (cols, mask)) in enumerate(zip(b_parts, parts(*block))):
                     b = jax.lax.bitcast_convert_type(b, jnp.float8_e4m3fn).astype(compute_dtype)
-                    d = _dot(a, b)
+                    d = plgpu.dot(a, b)
                     if fmt == "fp8_block":
-                        d = d * _cols(_load(scales_ref.at[g, k0 // FP8_BLOCK, cols], mask))
+                        d = d * _load(scales_ref.at[g, k0 // FP8_BLOCK, cols], mask)[None, :]
                     new[c][part] = new[c][part] + d
             return tuple(tuple(acc) for acc in new)
 
         accs = tuple(
-            tuple(
-                jnp.zeros(_acc_shape(h, width // 2 if paired else width), jnp.float32) for _ in ps
-            )
+            tuple(jnp.zeros((h, width // 2 if paired else width), jnp.float32) for _ in ps)
             for (_, width, _), ps in ((block, parts(*block)) for block in blocks)
         )
         if fmt == "mxfp4":
@@ -284,7 +266,6 @@ def _kernel(
             accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), fp8_body, accs)
 
         def epilogue(acc, cols, mask):
-            acc = acc.T if swap_ab else acc
             if fmt == "fp8":
                 acc = acc * _load(scales_ref.at[g, cols], mask)[None, :]
             if has_bias:
@@ -344,7 +325,6 @@ def gmm_quant(
     row_scale: jax.Array | None = None,
     out_dtype=None,
     config: BlockConfig | None = None,
-    swap_ab: bool = False,
 ) -> jax.Array:
     """`kernels.gmm.gmm` (no transpose_rhs) with rhs a `QuantizedWeight` of logical shape
     [G, K, N] (module docstring); config's tail_m is ignored and block_k fitted to the format
@@ -409,7 +389,6 @@ def gmm_quant(
         has_row_scale=row_scale is not None,
         compute_dtype=lhs.dtype,
         paired=paired,
-        swap_ab=swap_ab,
     )
     return pl.pallas_call(
         kernel,
