@@ -12,7 +12,8 @@ The table holds, per device name (`jax.Device.device_kind`, e.g. "NVIDIA H200"),
   cuBLAS matmul over capacity slabs).
 - kernel: "gmm" (plain, or with the row gather, bias, row scale), "gmm_glu" (with a GLU epilogue:
   N counts output columns), "gmm_t" (rhs transposed), "tgmm".
-- dtype: the operands' dtype name, a list of names, or "*"; k, n: an int or "*".
+- dtype: the operands' dtype name (a quantised weight's stored element type: "float8_e4m3fn",
+  "float4_e2m1fn"), a list of names, or "*"; k, n: an int or "*".
 - rows: the rows-per-group class of `rows_class`.
 
 The most specific matching entry wins (exact dtype, K and N before "*"). A device the table does
