@@ -350,3 +350,35 @@ def test_swiglu256_sized_quantised_weights(fmt):
             x[rows], one.dequantize(jnp.float32), [sizes[g]], zero_bias, "swiglu", unit_scale
         )
         assert rel_err(out[rows], want) < 5e-3, g
+
+
+@pytest.mark.parametrize(
+    "fmt,element", [("fp8_block", "float8_e4m3fn"), ("mxfp4", "float4_e2m1fn")]
+)
+def test_table_entries_keyed_by_stored_element_type(fmt, element, tmp_path, monkeypatch):
+    """A gmm on quantised weights takes the table entry of its stored element type over the "*"
+    one, and a bf16 gmm of the same shape does not."""
+    import shutil
+
+    from moe_pallas import tuning
+    from moe_pallas.backends import pallas_triton
+
+    path = tmp_path / "tuning.json"
+    shutil.copy(tuning.TABLE_PATH, path)
+    entry = {"backend": "pallas_triton", "kernel": "gmm", "dtype": element, "k": "*", "n": "*"}
+    config = {"block_m": 16, "block_n": 32, "block_k": 64}
+    tuning.write_entries([entry | {"rows": "tiny", "config": config}], "NVIDIA H200", path=path)
+    monkeypatch.setattr(tuning, "TABLE_PATH", path)
+    seen = {}
+    monkeypatch.setattr(
+        pallas_triton, "_gmm_quant", lambda *a, config, **kw: seen.setdefault("q", config)
+    )
+    monkeypatch.setattr(
+        pallas_triton, "_gmm", lambda *a, config, **kw: seen.setdefault("bf16", config)
+    )
+    w = jnp.ones((4, 128, 256), jnp.bfloat16)
+    x, sizes = jnp.ones((8, 128), jnp.bfloat16), jnp.array([2, 2, 2, 2], jnp.int32)
+    pallas_triton.gmm(x, quant.quantize_weight(w, fmt), sizes)
+    pallas_triton.gmm(x, w, sizes)
+    assert (seen["q"].block_n, seen["q"].block_k) == (32, 64)
+    assert (seen["bf16"].block_n, seen["bf16"].block_k) != (32, 64)
