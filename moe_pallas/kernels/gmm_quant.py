@@ -30,11 +30,11 @@ lhs's dtype by the hardware conversion.
 
 Offsets. Pallas addresses an array in int32 element offsets unless it spans more than 2^32
 bytes, so a byte array of more than 2^31 elements, up to 2^32 (fp8 SwiGLU-256 gate_up,
-[256, 4096, 4096]), would overflow them. Such values are read as uint16 [E, rows, N/2] byte pairs (half the elements, the
-same bytes): the even and odd columns of a tile then load as one pair tile, split into bytes in
-registers, and multiply as two half-width dots whose accumulators are interleaved again before
-the epilogue (gpt-oss's interleaved gate and up columns are exactly the two halves). N (and for
-SwiGLU N/2) must be even there.
+[256, 4096, 4096]), would overflow them. Such values are read as uint16 [E, rows, N/2] byte
+pairs (half the elements, the same bytes): the even and odd columns of a tile then load as one
+pair tile, split into bytes in registers, and multiply as two half-width dots whose accumulators
+are interleaved again before the epilogue (gpt-oss's interleaved gate and up columns are exactly
+the two halves). N (and for SwiGLU N/2) must be even there.
 """
 
 import dataclasses
@@ -178,8 +178,7 @@ def _kernel(
 
     def load_bytes(row0, rows, c0, width, valid, k_mask=None):
         """uint8 weight bytes [rows, cols] per part (see `parts`)."""
-        masks = [m for _, m in parts(c0, width, valid)]
-        col_mask = masks[0]
+        col_mask = parts(c0, width, valid)[0][1]  # the same for both parts
         mask = _and(
             None if k_mask is None else k_mask[:, None],
             None if col_mask is None else col_mask[None, :],
@@ -206,12 +205,12 @@ def _kernel(
         row_ok, out_mask = masks(h)
         src = _load(row_index_ref.at[pl.ds(m0, h)], row_ok) if gather else None
 
-        def lhs_tile(k0, bk, k_mask):
-            ks = k0 + jnp.arange(bk, dtype=jnp.int32)
+        def lhs_tile(k0, depth, k_mask):
+            ks = k0 + jnp.arange(depth, dtype=jnp.int32)
             a_mask = _and(row_ok[:, None], None if k_mask is None else k_mask[None, :])
             if gather:
                 return _load(lhs_ref.at[src[:, None], ks[None, :]], a_mask).astype(compute_dtype)
-            return _load(lhs_ref.at[pl.ds(m0, h), pl.ds(k0, bk)], a_mask).astype(compute_dtype)
+            return _load(lhs_ref.at[pl.ds(m0, h), pl.ds(k0, depth)], a_mask).astype(compute_dtype)
 
         def mx_step(r0, s_row, accs):
             """One 32-byte-row sub-block: k = r0.. (low nibbles) and K/2 + r0.. (high)."""
@@ -249,9 +248,10 @@ def _kernel(
                     new[c][part] = new[c][part] + d
             return tuple(tuple(acc) for acc in new)
 
+        n_parts = 2 if paired else 1
         accs = tuple(
-            tuple(jnp.zeros((h, width // 2 if paired else width), jnp.float32) for _ in ps)
-            for (_, width, _), ps in ((block, parts(*block)) for block in blocks)
+            tuple(jnp.zeros((h, width // n_parts), jnp.float32) for _ in range(n_parts))
+            for _, width, _ in blocks
         )
         if fmt == "mxfp4":
             sub_blocks = k_dim // (2 * MX_BLOCK)
@@ -355,8 +355,9 @@ def gmm_quant(
     if paired:
         if n_dim % 2 or (activation == "swiglu" and n_out % 2):
             raise ValueError(
-                f"{fmt} weights of {values.size} bytes (over 2^31, at most 2^32) are read as byte pairs "
-                f"along N, which needs an even N (and for swiglu an even N/2); got N={n_dim}. "
+                f"{fmt} weights of {values.size} bytes (over 2^31, at most 2^32) are read as "
+                "byte pairs along N, which needs an even N (and for swiglu an even N/2); got "
+                f"N={n_dim}. "
                 "Pad the weight's N or use the bf16 weights (dequantize_experts)."
             )
         e, r, n = values.shape
