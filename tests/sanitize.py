@@ -253,13 +253,19 @@ def slab_case(seed: int):
     )
 
 
+QUANT_ELEMENTS = {"float8_e4m3fn": ("fp8", "fp8_block"), "float4_e2m1fn": ("mxfp4",)}
+
+
+def _dtype_names(dtype) -> set[str]:
+    return {dtype} if isinstance(dtype, str) else set(dtype)
+
+
 def _quant_formats(dtype) -> tuple[str, ...]:
     """The quantised formats whose gmm_quant runs a table entry of this dtype key."""
-    names = {dtype} if isinstance(dtype, str) else set(dtype)
+    names = _dtype_names(dtype)
     if "*" in names:
         return quant.FORMATS
-    fp8 = ("fp8", "fp8_block") if "float8_e4m3fn" in names else ()
-    return fp8 + (("mxfp4",) if "float4_e2m1fn" in names else ())
+    return tuple(fmt for name, fmts in QUANT_ELEMENTS.items() if name in names for fmt in fmts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,8 +296,8 @@ def cases() -> list[Case]:
                             lambda f=fmt, k=e["kernel"], cfg=cfg, i=i: quant_gmm_case(f, k, cfg, i),
                         )
                     )
-            if e["dtype"] not in ("*", "bfloat16", "float16", "float32"):
-                continue  # a quantised element type: gmm_quant's entry only
+            if _dtype_names(e["dtype"]) <= QUANT_ELEMENTS.keys():
+                continue  # quantised element types only: gmm_quant's entry
             if e["kernel"] == "tgmm":
                 out.append(Case(label, lambda cfg=cfg, i=i: triton_tgmm_case(cfg, i)))
             else:
