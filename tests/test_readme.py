@@ -15,7 +15,7 @@ COMMANDS = (
         "python3.12 -m venv .venv && .venv/bin/pip install -e '.[dev]' && "
         ".venv/bin/python -m moe_pallas demo"
     ),
-    ".venv/bin/python -m pytest -q -n 2",
+    ".venv/bin/python -m pytest -q -n 2 --dist worksteal",
 )
 # A fence line "```python" opens a block to run; "```python no-run" one to skip.
 _FENCE = re.compile(r"^```python([^\n]*)\n(.*?)^```[ \t]*$", re.DOTALL | re.MULTILINE)
