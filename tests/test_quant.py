@@ -1,13 +1,16 @@
 """Quantised expert weights: formats round-trip, the on-chip-converting gmm (interpret mode) and
 the expert block against float64 oracles on the exactly dequantised weights, gradients, errors."""
 
+import shutil
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import moe_pallas
-from moe_pallas import quant
+from moe_pallas import quant, tuning
+from moe_pallas.backends import pallas_triton
 from moe_pallas.kernels import gmm_quant as gmm_quant_module
 from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.gmm_quant import gmm_quant
@@ -95,7 +98,7 @@ def gmm_oracle(x, w, group_sizes, bias, activation, row_scale):
 def test_gmm_quant_matches_oracle(fmt, activation, paired, monkeypatch):
     """K = 192 (a 128-row K block and a 64-row tail; 3 x 64 for mxfp4), N = 2·80 with 32-column
     tiles (ragged N tail), an empty group, a one-row group, rows past the groups, gathered rows.
-    paired: the byte-pair view of weights with 2^31 to 2^32 bytes, forced at this size."""
+    paired: the byte-pair view of weights of over 2^31 bytes (at most 2^32), forced at this size."""
     if paired:
         monkeypatch.setattr(gmm_quant_module, "PAIRED_MIN_ELEMENTS", 0)
     rng = np.random.default_rng()
@@ -310,7 +313,7 @@ def test_e2m1_ptx_decodes_every_byte(nibble):
 
 
 def test_paired_view_needs_even_columns(monkeypatch):
-    """Weights read as byte pairs (2^31 to 2^32 bytes, forced here) with an odd N: a ValueError
+    """Weights read as byte pairs (over 2^31 bytes, forced here) with an odd N: a ValueError
     naming N and the fix, not a misread column."""
     monkeypatch.setattr(gmm_quant_module, "PAIRED_MIN_ELEMENTS", 0)
     qw = quant.quantize_weight(jnp.ones((2, 64, 33), jnp.bfloat16), "fp8")
@@ -358,11 +361,6 @@ def test_swiglu256_sized_quantised_weights(fmt):
 def test_table_entries_keyed_by_stored_element_type(fmt, element, tmp_path, monkeypatch):
     """A gmm on quantised weights takes the table entry of its stored element type over the "*"
     one, and a bf16 gmm of the same shape does not."""
-    import shutil
-
-    from moe_pallas import tuning
-    from moe_pallas.backends import pallas_triton
-
     path = tmp_path / "tuning.json"
     shutil.copy(tuning.TABLE_PATH, path)
     entry = {"backend": "pallas_triton", "kernel": "gmm", "dtype": element, "k": "*", "n": "*"}
