@@ -16,6 +16,8 @@ routing weights); gmm/tgmm cases time one grouped matmul.
   torch_loop            a loop over experts with `index_add_` (slow; not in the default set).
   moe_pallas:auto+FMT   our layer with the expert weights stored as FMT (fp8, fp8_block, mxfp4;
                         forward cases), its message the weight-read floor of the stored bytes.
+  tokamax+FMT           the tokamax glue with FMT weights as a qwix QArray (`qarray_parts`), so
+                        tokamax's quantised ragged_dot runs (on Hopper: scales that tile K only).
   cublas_line           the yardstick: the case's matmul work as cuBLAS batched dots with perfect
                         balance, no gather, activation, scatter or routing (`_line_matmuls`);
                         the faster of torch.bmm and XLA's batched dot_general, timed here.
@@ -35,6 +37,7 @@ import jax.numpy as jnp
 
 import moe_pallas
 from benchmarks.cases import Case
+from moe_pallas import quant
 from moe_pallas.dispatch import dispatch
 
 
@@ -177,34 +180,99 @@ def read_bandwidth() -> float:
     return x.nbytes / sorted(times)[2]
 
 
+def _quantized_params(case: Case, inputs: dict, fmt: str) -> dict:
+    if case.mode != "fwd":
+        raise Skip("not implemented: quantised weights run forward layer cases only")
+    return jax.jit(lambda p: moe_pallas.quantize_experts(p, fmt))(inputs["params"])
+
+
+def _floor_note(case: Case, inputs: dict, qparams: dict) -> str:
+    """The weight-read floor: the stored bytes of the hit experts (values, scales, biases) plus
+    x and out, at the measured read bandwidth."""
+    hit = int(
+        jnp.sum(
+            jnp.zeros((case.workload.experts,), bool).at[inputs["topk_idx"].reshape(-1)].set(True)
+        )
+    )
+    per_expert = sum(
+        sum(a.nbytes for a in jax.tree.leaves(v)) / case.workload.experts for v in qparams.values()
+    )
+    floor_bytes = hit * per_expert + 2 * inputs["x"].nbytes
+    bandwidth = read_bandwidth()
+    return (
+        f"weight-read floor {floor_bytes / bandwidth * 1e3:.4g} ms ({floor_bytes / 1e6:.4g} MB "
+        f"at {bandwidth / 1e12:.2f} TB/s measured)"
+    )
+
+
 def _ours_quantized(fmt: str):
     """Our layer with the expert weights stored in `fmt` (moe_pallas.quantize_experts, outside
-    the timing). The row's message gives the weight-read floor: the stored bytes of the hit
-    experts (values, scales, biases) plus x and out, at the measured read bandwidth."""
+    the timing); the row's message gives the weight-read floor (`_floor_note`)."""
 
     def prepare(case: Case, inputs: dict) -> Prepared:
-        if case.mode != "fwd":
-            raise Skip("not implemented: quantised weights run forward layer cases only")
-        qparams = jax.jit(lambda p: moe_pallas.quantize_experts(p, fmt))(inputs["params"])
-        inputs = {**inputs, "params": qparams}
-        prep = _ours("auto")(case, inputs)
-        hit = int(
-            jnp.sum(
-                jnp.zeros((case.workload.experts,), bool)
-                .at[inputs["topk_idx"].reshape(-1)]
-                .set(True)
+        qparams = _quantized_params(case, inputs, fmt)
+        prep = _ours("auto")(case, {**inputs, "params": qparams})
+        prep.note = _floor_note(case, inputs, qparams)
+        return prep
+
+    return prepare
+
+
+def qarray_parts(w: quant.QuantizedWeight, scale_dtype) -> tuple[jax.Array, jax.Array]:
+    """(qvalue, scale) of the qwix QArray equal to `w`: qvalue [E, K, N] in the stored element
+    type, scale [E, K / tile_k, N] in `scale_dtype` (qwix's dequantised dtype), so that
+    w[e, k, n] = qvalue[e, k, n] · scale[e, k // tile_k, n]. tokamax's Hopper kernel takes scales
+    that tile K only, so fp8_block's 128 x 128 block scales repeat along N (N and K must be
+    multiples of 128 then) and mxfp4's codes unpack to float4_e2m1fn with 2^(e8m0 − 127) scales."""
+    if w.fmt == "fp8":
+        return w.values, w.scales[:, None, :].astype(scale_dtype)
+    if w.fmt == "fp8_block":
+        _, k, n = w.values.shape
+        if k % quant.FP8_BLOCK or n % quant.FP8_BLOCK:
+            raise Skip(f"fp8_block as a QArray needs K and N multiples of 128 (K={k}, N={n})")
+        scales = w.scales
+        if scales.shape[2] != n:
+            scales = jnp.repeat(scales, quant.FP8_BLOCK, axis=2)
+        return w.values, scales.astype(scale_dtype)
+    codes = quant.mxfp4_codes(w.values)
+    qvalue = jnp.asarray(quant.E2M1)[codes].astype(jnp.float4_e2m1fn)
+    scale = jnp.ldexp(jnp.ones(w.scales.shape, jnp.float32), w.scales.astype(jnp.int32) - 127)
+    return qvalue, scale.astype(scale_dtype)
+
+
+def _tokamax_quantized(fmt: str):
+    """The tokamax glue with `fmt` weights handed to tokamax as qwix QArrays (`qarray_parts`,
+    converted outside the timing); the row's message gives our format's weight-read floor."""
+
+    def prepare(case: Case, inputs: dict) -> Prepared:
+        qparams = _quantized_params(case, inputs, fmt)
+        tokamax = _import_tokamax()
+        qwix = importlib.import_module("qwix")
+        dtype = inputs["x"].dtype
+        params = {
+            name: qarray_parts(v, dtype) if quant.is_quantized(v) else v
+            for name, v in qparams.items()
+        }
+
+        def ragged_dot(lhs, rhs, group_sizes):
+            out = tokamax.ragged_dot(
+                lhs, rhs, group_sizes, preferred_element_type=lhs.dtype, implementation="mosaic"
             )
-        )
-        per_expert = sum(
-            sum(a.nbytes for a in jax.tree.leaves(v)) / case.workload.experts
-            for v in qparams.values()
-        )
-        floor_bytes = hit * per_expert + 2 * inputs["x"].nbytes
-        bandwidth = read_bandwidth()
-        prep.note = (
-            f"weight-read floor {floor_bytes / bandwidth * 1e3:.4g} ms ({floor_bytes / 1e6:.4g} MB "
-            f"at {bandwidth / 1e12:.2f} TB/s measured)"
-        )
+            return out.astype(jnp.float32)
+
+        def layer(x, topk_idx, topk_weight, params):
+            params = {
+                name: qwix.QArray(qvalue=v[0], scale=v[1], qtype=v[0].dtype)
+                if isinstance(v, tuple)
+                else v
+                for name, v in params.items()
+            }
+            return _ragged_layer(
+                x, topk_idx, topk_weight, params, case.workload.activation, ragged_dot
+            )
+
+        prep = _jax_case(case, {**inputs, "params": params}, layer, ragged_dot)
+        prep.note = _floor_note(case, inputs, qparams)
         return prep
 
     return prepare
@@ -259,7 +327,7 @@ def _peer_path() -> None:
             sys.path.insert(0, str(root / sub))
 
 
-def _prepare_tokamax(case: Case, inputs: dict) -> Prepared:
+def _import_tokamax():
     _peer_path()
     try:
         tokamax = importlib.import_module("tokamax")
@@ -269,6 +337,11 @@ def _prepare_tokamax(case: Case, inputs: dict) -> Prepared:
         ) from None
     if jax.default_backend() != "gpu":
         raise Skip("tokamax's mosaic ragged_dot needs a Hopper GPU")
+    return tokamax
+
+
+def _prepare_tokamax(case: Case, inputs: dict) -> Prepared:
+    tokamax = _import_tokamax()
 
     def ragged_dot(lhs, rhs, group_sizes):
         # Output in the operands' dtype: tokamax's backward rejects f32 cotangents for bf16 weights.
@@ -552,4 +625,5 @@ IMPLS: dict[str, Callable[[Case, dict], Prepared]] = {
     "torch_loop": _prepare_torch_loop,
     LINE: _prepare_line,
     **{f"moe_pallas:auto+{fmt}": _ours_quantized(fmt) for fmt in QUANT_FORMATS},
+    **{f"tokamax+{fmt}": _tokamax_quantized(fmt) for fmt in QUANT_FORMATS},
 }

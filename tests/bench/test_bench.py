@@ -183,6 +183,79 @@ def test_peer_layer_glue_matches_reference():
         assert float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref)) < 1e-5
 
 
+def _qarray_decode(qvalue, scale):
+    """What a qwix QArray (qvalue, scale) stands for: qvalue times scale repeated over its tile."""
+    reps = [q // s for q, s in zip(qvalue.shape, scale.shape)]
+    full = scale.astype(jnp.float32)
+    for axis, r in enumerate(reps):
+        full = jnp.repeat(full, r, axis=axis)
+    return qvalue.astype(jnp.float32) * full
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_block", "mxfp4"])
+def test_qarray_parts_decode_to_the_dequantised_weight(fmt):
+    """tokamax's quantised peer gets the weight our format stores, exactly (float32 scales)."""
+    from moe_pallas import quant
+
+    rng = np.random.default_rng()
+    k, n = (256, 384) if fmt == "fp8_block" else (int(rng.integers(1, 4)) * 64, 40)
+    w = jnp.asarray(rng.standard_normal((3, k, n)) * rng.uniform(1e-3, 10), jnp.float32)
+    qw = quant.quantize_weight(w, fmt)
+    qvalue, scale = impls.qarray_parts(qw, jnp.float32)
+    assert qvalue.shape == (3, k, n) and scale.shape[2] == n
+    np.testing.assert_array_equal(_qarray_decode(qvalue, scale), qw.dequantize(jnp.float32))
+    if fmt == "fp8_block":  # block scales that do not tile K and N in 128s have no QArray form
+        with pytest.raises(impls.Skip, match="multiples of 128"):
+            impls.qarray_parts(quant.quantize_weight(w[:, :200], fmt), jnp.float32)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
+def test_tokamax_quantised_glue_on_cpu(fmt, monkeypatch):
+    """The tokamax+FMT layer with stand-ins for tokamax and qwix (a QArray is dequantised and
+    multiplied by jax.lax.ragged_dot) equals the reference on the dequantised weights."""
+    import types
+
+    from moe_pallas import quant
+    from moe_pallas.reference import moe_experts_reference
+
+    @dataclasses.dataclass
+    class QArray:
+        qvalue: jax.Array
+        scale: jax.Array
+        qtype: object
+
+        shape = property(lambda self: self.qvalue.shape)
+
+    def ragged_dot(lhs, rhs, group_sizes, *, preferred_element_type, implementation):
+        assert isinstance(rhs, QArray) and implementation == "mosaic"
+        assert rhs.qtype == (jnp.float4_e2m1fn if fmt == "mxfp4" else jnp.float8_e4m3fn)
+        w = _qarray_decode(rhs.qvalue, rhs.scale).astype(lhs.dtype)
+        out = jax.lax.ragged_dot(lhs, w, group_sizes, preferred_element_type=jnp.float32)
+        return out.astype(preferred_element_type)
+
+    monkeypatch.setattr(
+        impls, "_import_tokamax", lambda: types.SimpleNamespace(ragged_dot=ragged_dot)
+    )
+    monkeypatch.setitem(sys.modules, "qwix", types.SimpleNamespace(QArray=QArray))
+    case = cases.Case(
+        "t", cases.SMALL_WORKLOADS["gptoss"], int(np.random.default_rng().integers(1, 24))
+    )
+    x, topk_idx, topk_weight = cases.make_tokens(case, jnp.bfloat16)
+    params = cases.make_params(
+        case.workload, jnp.bfloat16, seed=int(np.random.default_rng().integers(1 << 30))
+    )
+    inputs = {"x": x, "topk_idx": topk_idx, "topk_weight": topk_weight, "params": params}
+    prep = impls.IMPLS[f"tokamax+{fmt}"](case, inputs)
+    out = np.asarray(prep.output(prep.wait(prep.call())), np.float64)
+    dense = quant.dequantize_experts(quant.quantize_experts(params, fmt), jnp.float32)
+    ref = moe_experts_reference(
+        x.astype(jnp.float32), topk_idx, topk_weight, dense, activation="gptoss"
+    )
+    ref = np.asarray(ref, np.float64)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 2e-2
+    assert "weight-read floor" in prep.note
+
+
 def _synthetic_run(folder: Path) -> dict:
     """A results.json as benchmarks.run writes it: two suites, a skipped and a failed cell."""
     meta = {
