@@ -368,6 +368,9 @@ def main(argv=None) -> int:
     parser.add_argument("--list", action="store_true", help="print the cases and exit")
     parser.add_argument("--only", help="run the cases whose name contains this")
     parser.add_argument(
+        "--start", type=int, default=0, help="skip the first START cases (resuming after a crash)"
+    )
+    parser.add_argument(
         "--tail16",
         nargs="+",
         type=int,
@@ -382,7 +385,9 @@ def main(argv=None) -> int:
         print("\n".join(c.name for c in todo))
         return 0
     failed = 0
-    for c in todo:
+    todo = todo[args.start :]
+    for i, c in enumerate(todo, args.start):
+        print(f"case {i} {c.name}", flush=True)  # sanitize.sh resumes after the case it crashed in
         try:
             out, ref = c.run()
             err = _rel(jax.block_until_ready(out), ref)

@@ -1,0 +1,64 @@
+"""tests/sanitize.sh's bookkeeping, with stand-ins for compute-sanitizer and the cases: a tool
+that dies in a case is reported by case and the run resumes after it, so no case goes unchecked."""
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FAKE_SANITIZER = """#!/usr/bin/env bash
+while [ "$1" != "$FAKE_PY" ]; do shift; done
+"$@"; rc=$?
+[ $rc -ge 128 ] && exit $rc
+echo "========= ERROR SUMMARY: ${FAKE_ERRORS:-0} errors"
+exit $rc
+"""
+# Six cases; the process dies (SIGSEGV) in the cases FAKE_CRASH names, as compute-sanitizer can.
+FAKE_CASES = """#!/usr/bin/env bash
+start=0; while [ $# -gt 0 ]; do [ "$1" = --start ] && start=$2; shift; done
+for i in $(seq $start 5); do
+  echo "case $i name$i"; echo "ok   1e-08  name$i"
+  for c in $FAKE_CRASH; do [ $i = $c ] && kill -SEGV $$; done
+done
+echo "$((6 - start)) of $((6 - start)) cases exact within their bounds"
+"""
+
+
+def _run(tmp_path, errors="0", crash="2 4"):
+    for name, text in (("compute-sanitizer", FAKE_SANITIZER), ("cases", FAKE_CASES)):
+        path = tmp_path / name
+        path.write_text(text)
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    env |= {"FAKE_PY": str(tmp_path / "cases"), "FAKE_ERRORS": errors, "FAKE_CRASH": crash}
+    out = tmp_path / "out"
+    result = subprocess.run(
+        ["bash", str(ROOT / "tests/sanitize.sh"), str(out), str(tmp_path / "cases")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result.returncode, out
+
+
+def test_a_tool_crash_is_reported_by_case_and_the_rest_still_run(tmp_path):
+    status, out = _run(tmp_path)
+    assert status == 1  # a crash is not a clean run
+    for tool in ("memcheck", "racecheck", "synccheck"):
+        log = (out / f"{tool}.log").read_text()
+        started = [line.split()[1] for line in log.splitlines() if line.startswith("case ")]
+        assert started == ["0", "1", "2", "3", "4", "5"]  # each case once, none skipped
+        crashes = [line for line in log.splitlines() if line.startswith("CRASH")]
+        assert [c.split()[3] for c in crashes] == ["2", "4"]
+    summary = (out / "summary.txt").read_text()
+    assert summary.count("CRASH in case 2") == 3 and "ERROR SUMMARY: 0 errors" in summary
+
+
+def test_a_clean_run_passes_and_reported_errors_fail_it(tmp_path):
+    status, out = _run(tmp_path, crash="")
+    assert status == 0 and "6 of 6 cases exact" in (out / "summary.txt").read_text()
+    status, out = _run(tmp_path, errors="3", crash="")
+    assert status == 1 and "ERROR SUMMARY: 3 errors" in (out / "summary.txt").read_text()
