@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Every kernel under compute-sanitizer's memcheck, racecheck and synccheck (tests/sanitize.py has
-# the cases), on an NVIDIA GPU: tests/sanitize.sh OUT_DIR [PYTHON]. The three tools run side by
-# side, one log each in OUT_DIR, and OUT_DIR/summary.txt holds each tool's error summary and the
-# cases' own exactness check. Exit status 1 if a tool reports an error, dies in a case, or a case
-# is off.
+# the cases), on an NVIDIA GPU: tests/sanitize.sh OUT_DIR [PYTHON]. The three tools (or those
+# SANITIZE_TOOLS names, e.g. "racecheck" alone, the slowest) run side by side, one log each in
+# OUT_DIR, and OUT_DIR/summary.txt holds each tool's error summary and the cases' own exactness
+# check. Exit status 1 if a tool reports an error, dies in a case, or a case is off.
 set -u
 out=${1:?usage: tests/sanitize.sh OUT_DIR [PYTHON]}
 python=${2:-python3}
+tools=${SANITIZE_TOOLS:-memcheck racecheck synccheck}
 mkdir -p "$out"
 # jax must not preallocate: the sanitizer tracks every allocation, and a pool hides overruns.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
@@ -31,13 +32,13 @@ run_tool() {
     start=$((last + 1))
   done
 }
-for tool in memcheck racecheck synccheck; do
+for tool in $tools; do
   run_tool "$tool" &
 done
 wait
 status=0
 : > "$out/summary.txt"
-for tool in memcheck racecheck synccheck; do
+for tool in $tools; do
   log="$out/$tool.log"
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | grep -qvE "ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards" && status=1
   grep -qE "ERROR SUMMARY|RACECHECK SUMMARY" "$log" || status=1

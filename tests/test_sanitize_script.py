@@ -26,13 +26,15 @@ echo "$((6 - start)) of $((6 - start)) cases exact within their bounds"
 """
 
 
-def _run(tmp_path, errors="0", crash="2 4"):
+def _run(tmp_path, errors="0", crash="2 4", tools=None):
     for name, text in (("compute-sanitizer", FAKE_SANITIZER), ("cases", FAKE_CASES)):
         path = tmp_path / name
         path.write_text(text)
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     env |= {"FAKE_PY": str(tmp_path / "cases"), "FAKE_ERRORS": errors, "FAKE_CRASH": crash}
+    if tools:
+        env["SANITIZE_TOOLS"] = tools
     out = tmp_path / "out"
     result = subprocess.run(
         ["bash", str(ROOT / "tests/sanitize.sh"), str(out), str(tmp_path / "cases")],
@@ -63,3 +65,9 @@ def test_a_clean_run_passes_and_reported_errors_fail_it(tmp_path):
     assert status == 0 and "6 of 6 cases exact" in (out / "summary.txt").read_text()
     status, out = _run(tmp_path, errors="3", crash="")
     assert status == 1 and "ERROR SUMMARY: 3 errors" in (out / "summary.txt").read_text()
+
+
+def test_a_subset_of_the_tools(tmp_path):
+    status, out = _run(tmp_path, crash="", tools="racecheck")
+    assert status == 0 and [p.name for p in sorted(out.glob("*.log"))] == ["racecheck.log"]
+    assert (out / "summary.txt").read_text().startswith("## racecheck")
