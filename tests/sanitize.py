@@ -396,6 +396,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--start", type=int, default=0, help="skip the first START cases (resuming after a crash)"
     )
+    parser.add_argument("--stop", type=int, help="run the cases before STOP only (a shard)")
     parser.add_argument(
         "--tail16",
         nargs="+",
@@ -411,7 +412,7 @@ def main(argv=None) -> int:
         print("\n".join(c.name for c in todo))
         return 0
     failed = 0
-    todo = todo[args.start :]
+    todo = todo[args.start : args.stop]
     for i, c in enumerate(todo, args.start):
         print(f"case {i} {c.name}", flush=True)  # sanitize.sh resumes after the case it crashed in
         try:

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Every kernel under compute-sanitizer's memcheck, racecheck and synccheck (tests/sanitize.py has
 # the cases), on an NVIDIA GPU: tests/sanitize.sh OUT_DIR [PYTHON]. The three tools (or those
-# SANITIZE_TOOLS names, e.g. "racecheck" alone, the slowest) run side by side, one log each in
-# OUT_DIR, and OUT_DIR/summary.txt holds each tool's error summary and the cases' own exactness
-# check. Exit status 1 if a tool reports an error, dies in a case, or a case is off.
+# SANITIZE_TOOLS names) run side by side, each over SANITIZE_SHARDS (default 1) slices of the
+# cases at once (racecheck, the slowest, takes about 10 minutes for the cases in one process),
+# one log per tool in OUT_DIR, and OUT_DIR/summary.txt holds each tool's error summaries and the
+# cases' own exactness checks. Exit status 1 if a tool reports an error, dies in a case, or a
+# case is off.
 set -u
 out=${1:?usage: tests/sanitize.sh OUT_DIR [PYTHON]}
 python=${2:-python3}
@@ -11,17 +13,20 @@ tools=${SANITIZE_TOOLS:-memcheck racecheck synccheck}
 mkdir -p "$out"
 # jax must not preallocate: the sanitizer tracks every allocation, and a pool hides overruns.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
-# One tool over the cases; where the tool itself dies in a case (a segfault, not a report), the
-# log says so and the next process resumes after that case, so one crash hides no other case.
+shards=${SANITIZE_SHARDS:-1}
+count=$("$python" -m tests.sanitize --list | wc -l)
+# One tool over cases [start, stop); where the tool itself dies in a case (a segfault, not a
+# report), the log says so and the next process resumes after that case, so one crash hides no
+# other case.
 run_tool() {
-  local tool=$1 log="$out/$1.log" start=0 status last
+  local tool=$1 start=$2 stop=$3 log=$4 status last
   : > "$log"
   while :; do
     compute-sanitizer --tool "$tool" $([ "$tool" = memcheck ] && echo --report-api-errors no) \
       --print-limit 50 --target-processes all "$python" -m tests.sanitize --start "$start" \
-      >> "$log" 2>&1
+      --stop "$stop" >> "$log" 2>&1
     status=$?
-    echo "exit status $status (cases from $start)" >> "$log"
+    echo "exit status $status (cases $start to $((stop - 1)))" >> "$log"
     tail -n 40 "$log" | grep -q "cases exact within their bounds" && return
     last=$(grep -oE '^case [0-9]+' "$log" | tail -n 1 | cut -d' ' -f2)
     if [ -z "$last" ] || [ "$last" -lt "$start" ]; then
@@ -30,12 +35,19 @@ run_tool() {
     fi
     echo "CRASH in case $last (exit status $status): $(grep -E "^case $last " "$log" | tail -n 1)" >> "$log"
     start=$((last + 1))
+    [ "$start" -lt "$stop" ] || return
   done
 }
 for tool in $tools; do
-  run_tool "$tool" &
+  for j in $(seq 0 $((shards - 1))); do
+    run_tool "$tool" $((j * count / shards)) $(((j + 1) * count / shards)) "$out/$tool.shard$j" &
+  done
 done
 wait
+for tool in $tools; do  # one log per tool, its shards in case order
+  for j in $(seq 0 $((shards - 1))); do cat "$out/$tool.shard$j"; rm "$out/$tool.shard$j"; done \
+    > "$out/$tool.log"
+done
 status=0
 : > "$out/summary.txt"
 for tool in $tools; do

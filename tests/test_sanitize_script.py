@@ -6,6 +6,8 @@ import stat
 import subprocess
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 FAKE_SANITIZER = """#!/usr/bin/env bash
@@ -17,16 +19,20 @@ exit $rc
 """
 # Six cases; the process dies (SIGSEGV) in the cases FAKE_CRASH names, as compute-sanitizer can.
 FAKE_CASES = """#!/usr/bin/env bash
-start=0; while [ $# -gt 0 ]; do [ "$1" = --start ] && start=$2; shift; done
-for i in $(seq $start 5); do
+start=0; stop=6
+while [ $# -gt 0 ]; do
+  case $1 in --list) seq 0 5 | sed 's/^/name/'; exit 0;; --start) start=$2;; --stop) stop=$2;; esac
+  shift
+done
+for i in $(seq $start $((stop - 1))); do
   echo "case $i name$i"; echo "ok   1e-08  name$i"
   for c in $FAKE_CRASH; do [ $i = $c ] && kill -SEGV $$; done
 done
-echo "$((6 - start)) of $((6 - start)) cases exact within their bounds"
+echo "$((stop - start)) of $((stop - start)) cases exact within their bounds"
 """
 
 
-def _run(tmp_path, errors="0", crash="2 4", tools=None):
+def _run(tmp_path, errors="0", crash="2 4", tools=None, shards=None):
     for name, text in (("compute-sanitizer", FAKE_SANITIZER), ("cases", FAKE_CASES)):
         path = tmp_path / name
         path.write_text(text)
@@ -35,6 +41,8 @@ def _run(tmp_path, errors="0", crash="2 4", tools=None):
     env |= {"FAKE_PY": str(tmp_path / "cases"), "FAKE_ERRORS": errors, "FAKE_CRASH": crash}
     if tools:
         env["SANITIZE_TOOLS"] = tools
+    if shards:
+        env["SANITIZE_SHARDS"] = shards
     out = tmp_path / "out"
     result = subprocess.run(
         ["bash", str(ROOT / "tests/sanitize.sh"), str(out), str(tmp_path / "cases")],
@@ -47,8 +55,9 @@ def _run(tmp_path, errors="0", crash="2 4", tools=None):
     return result.returncode, out
 
 
-def test_a_tool_crash_is_reported_by_case_and_the_rest_still_run(tmp_path):
-    status, out = _run(tmp_path)
+@pytest.mark.parametrize("shards", [None, "2", "4"])
+def test_a_tool_crash_is_reported_by_case_and_the_rest_still_run(tmp_path, shards):
+    status, out = _run(tmp_path, shards=shards)
     assert status == 1  # a crash is not a clean run
     for tool in ("memcheck", "racecheck", "synccheck"):
         log = (out / f"{tool}.log").read_text()
@@ -63,6 +72,10 @@ def test_a_tool_crash_is_reported_by_case_and_the_rest_still_run(tmp_path):
 def test_a_clean_run_passes_and_reported_errors_fail_it(tmp_path):
     status, out = _run(tmp_path, crash="")
     assert status == 0 and "6 of 6 cases exact" in (out / "summary.txt").read_text()
+    status, out = _run(tmp_path, crash="", shards="2")
+    assert (
+        status == 0 and (out / "summary.txt").read_text().count("3 of 3 cases exact") == 6
+    )  # 3 tools, 2 shards
     status, out = _run(tmp_path, errors="3", crash="")
     assert status == 1 and "ERROR SUMMARY: 3 errors" in (out / "summary.txt").read_text()
 
