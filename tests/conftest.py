@@ -1,5 +1,10 @@
 import os
 
+# xdist workers share one GPU: jax's default would give the first of them 75% of its memory and
+# leave the others failing on their first allocation (set before jax is imported).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 import jax
 import pytest
 
