@@ -185,3 +185,57 @@ def test_auto_weight_gradients_lower_to_a_batched_dot_and_overflow_kernels(activ
     assert len(re.findall(r"stablehlo.dot_general.*batching_dims = \[0\] x \[0\]", text)) >= 2
     assert text.count('name = "slab"') == 4
     assert triton_calls(text) >= 12
+
+
+def _mosaic_entries():
+    from moe_pallas import tuning
+
+    data = tuning.table()
+    entries = data["devices"]["NVIDIA H200"]["entries"]
+    return [e for e in entries if e["backend"] == "mosaic_gpu"]
+
+
+@pytest.mark.parametrize(
+    "entry", _mosaic_entries(), ids=lambda e: f"{e['kernel']}-{e['k']}-{e['n']}"
+)
+def test_mosaic_gpu_table_entries_lower(entry):
+    """Every Mosaic GPU config the table ships lowers for the H200 as the backend runs it (its
+    kernel's epilogue, bf16 output): Mosaic GPU checks the kernel's shared memory against the
+    H200's 227 KiB while lowering, so an entry past it fails here rather than on the GPU."""
+    from moe_pallas.kernels import gmm_mgpu
+
+    assert entry["kernel"] == "gmm"  # what the backend looks up for a plain gmm (no GLU)
+    cfg = gmm_mgpu.MosaicConfig(**entry["config"])
+    k, n, groups = entry["k"], entry["n"], 128
+    args = (
+        SDS((512 * groups, k), jnp.bfloat16),  # "large": 512 rows per group
+        SDS((groups, k, n), jnp.bfloat16),
+        SDS((groups,), jnp.int32),
+        SDS((512 * groups,), jnp.float32),
+    )
+    fn = lambda lhs, rhs, sizes, scale: gmm_mgpu.gmm(
+        lhs, rhs, sizes, row_scale=scale, out_dtype=jnp.bfloat16, config=cfg
+    )
+    assert lower_for_h200(fn, *args).count("mosaic_gpu_v2") == 1
+
+
+@pytest.mark.parametrize("activation", ["gptoss", "swiglu"])
+def test_mosaic_gpu_default_glu_config_lowers(activation):
+    """The config a GLU gets on Mosaic GPU (`default_config`, no table entry) fits the H200's
+    shared memory, at decode and at prefill rows."""
+    from moe_pallas.backends import mosaic_gpu
+    from moe_pallas.kernels import gmm_mgpu
+
+    hidden, inter, experts, _, _ = WORKLOADS[activation]
+    for rows in (experts, 64 * experts):
+        cfg = mosaic_gpu.default_config(rows, experts, inter, activation)
+        args = (
+            SDS((rows, hidden), jnp.bfloat16),
+            SDS((experts, hidden, 2 * inter), jnp.bfloat16),
+            SDS((experts,), jnp.int32),
+            SDS((experts, 2 * inter), jnp.float32),
+        )
+        fn = lambda lhs, rhs, sizes, bias, cfg=cfg: gmm_mgpu.gmm(
+            lhs, rhs, sizes, bias=bias, activation=activation, out_dtype=jnp.bfloat16, config=cfg
+        )
+        assert lower_for_h200(fn, *args).count("mosaic_gpu_v2") == 1, (rows, cfg)
