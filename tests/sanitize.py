@@ -1,8 +1,8 @@
 """Every kernel at every config the tuning table ships, on small shapes that hit the edges, for
 NVIDIA's compute-sanitizer (memcheck, racecheck, synccheck):
 
-    tests/sanitize.sh OUT_DIR        # runs this file under each tool, logs in OUT_DIR
-    python -m tests.sanitize [--list] [--only SUBSTRING]
+    SANITIZE_SHARDS=2 tests/sanitize.sh OUT_DIR   # this file under each tool, logs in OUT_DIR
+    python -m tests.sanitize [--list] [--only SUBSTRING] [--start I] [--stop J]
 
 Each case runs its kernel once and checks the output against a float64 reference (a sanitizer
 run that computed wrong numbers is not clean either); exit status 1 if any case is off.
@@ -12,7 +12,9 @@ rows, 0 again), so every tile class meets an empty group, a one-row group, a tai
 K and N are past a multiple of the config's blocks by a ragged remainder for Triton (masked tails);
 Mosaic GPU tiles whole blocks only, so its K and N are multiples of the shipped blocks. The table's
 configs are applied as the backends apply them (`BlockConfig.fit`, `MosaicConfig.fit`), so the
-blocks the sanitizer sees are the shipped ones, not shrunk ones.
+blocks the sanitizer sees are the shipped ones, not shrunk ones, each with the epilogues its
+kernel runs. Each case prints `case I NAME` before it runs, so `sanitize.sh` can name a case the
+tool itself died in and resume after it.
 """
 
 import argparse
