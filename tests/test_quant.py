@@ -322,6 +322,36 @@ def test_paired_view_needs_even_columns(monkeypatch):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_block", "mxfp4"])
+def test_gptoss_sized_quantised_layer(fmt):
+    """gpt-oss's experts at full size (E = 128, H = I = 2880: a K and an N that 128 does not
+    divide) quantised, through moe_experts on the GPU ("auto"), against the bf16 layer on
+    dequantize_experts(qparams) within the documented bound, at T = 1 (decode) and T = 64."""
+    from tests.helpers import device_normal
+
+    rng = np.random.default_rng(3)
+    experts, hidden, inter, top_k = 128, 2880, 2880, 4
+    params = {
+        "w_gate_up": device_normal(rng, (experts, hidden, 2 * inter), jnp.bfloat16, hidden**-0.5),
+        "w_down": device_normal(rng, (experts, inter, hidden), jnp.bfloat16, inter**-0.5),
+        "b_gate_up": device_normal(rng, (experts, 2 * inter), jnp.bfloat16, 0.1),
+        "b_down": device_normal(rng, (experts, hidden), jnp.bfloat16, 0.1),
+    }
+    qparams = jax.jit(lambda p: moe_pallas.quantize_experts(p, fmt))(params)
+    del params
+    dense = moe_pallas.dequantize_experts(qparams)
+    layer = jax.jit(
+        lambda x, idx, wts, p: moe_pallas.moe_experts(x, idx, wts, p, activation="gptoss")
+    )
+    for tokens in (1, 64):
+        x = device_normal(rng, (tokens, hidden), jnp.bfloat16)
+        idx, wts = random_routing(rng, tokens, experts, top_k)
+        out = layer(x, idx, wts, qparams)
+        want = layer(x, idx, wts, dense)
+        assert out.dtype == jnp.bfloat16 and rel_err(out, want) < BF16_BOUND, (tokens, fmt)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 def test_swiglu256_sized_quantised_weights(fmt):
     """SwiGLU-256's gate_up as stored: fp8 values [256, 4096, 4096] are 2^32 bytes, past int32
