@@ -246,19 +246,13 @@ def _tokamax_quantized(fmt: str):
 
     def prepare(case: Case, inputs: dict) -> Prepared:
         qparams = _quantized_params(case, inputs, fmt)
-        tokamax = _import_tokamax()
+        ragged_dot = _tokamax_ragged_dot()
         qwix = importlib.import_module("qwix")
         dtype = inputs["x"].dtype
         params = {
             name: qarray_parts(v, dtype) if quant.is_quantized(v) else v
             for name, v in qparams.items()
         }
-
-        def ragged_dot(lhs, rhs, group_sizes):
-            out = tokamax.ragged_dot(
-                lhs, rhs, group_sizes, preferred_element_type=lhs.dtype, implementation="mosaic"
-            )
-            return out.astype(jnp.float32)
 
         def layer(x, topk_idx, topk_weight, params):
             params = {
@@ -327,7 +321,9 @@ def _peer_path() -> None:
             sys.path.insert(0, str(root / sub))
 
 
-def _import_tokamax():
+def _tokamax_ragged_dot():
+    """tokamax's Mosaic GPU ragged_dot as `ragged_dot(lhs, rhs, group_sizes) -> float32` (rhs an
+    array or a qwix QArray); Skip where tokamax cannot run."""
     _peer_path()
     try:
         tokamax = importlib.import_module("tokamax")
@@ -337,11 +333,6 @@ def _import_tokamax():
         ) from None
     if jax.default_backend() != "gpu":
         raise Skip("tokamax's mosaic ragged_dot needs a Hopper GPU")
-    return tokamax
-
-
-def _prepare_tokamax(case: Case, inputs: dict) -> Prepared:
-    tokamax = _import_tokamax()
 
     def ragged_dot(lhs, rhs, group_sizes):
         # Output in the operands' dtype: tokamax's backward rejects f32 cotangents for bf16 weights.
@@ -349,6 +340,12 @@ def _prepare_tokamax(case: Case, inputs: dict) -> Prepared:
             lhs, rhs, group_sizes, preferred_element_type=lhs.dtype, implementation="mosaic"
         )
         return out.astype(jnp.float32)
+
+    return ragged_dot
+
+
+def _prepare_tokamax(case: Case, inputs: dict) -> Prepared:
+    ragged_dot = _tokamax_ragged_dot()
 
     def layer(x, topk_idx, topk_weight, params):
         return _ragged_layer(x, topk_idx, topk_weight, params, case.workload.activation, ragged_dot)

@@ -226,16 +226,13 @@ def test_tokamax_quantised_glue_on_cpu(fmt, monkeypatch):
 
         shape = property(lambda self: self.qvalue.shape)
 
-    def ragged_dot(lhs, rhs, group_sizes, *, preferred_element_type, implementation):
-        assert isinstance(rhs, QArray) and implementation == "mosaic"
+    def ragged_dot(lhs, rhs, group_sizes):
+        assert isinstance(rhs, QArray)
         assert rhs.qtype == (jnp.float4_e2m1fn if fmt == "mxfp4" else jnp.float8_e4m3fn)
         w = _qarray_decode(rhs.qvalue, rhs.scale).astype(lhs.dtype)
-        out = jax.lax.ragged_dot(lhs, w, group_sizes, preferred_element_type=jnp.float32)
-        return out.astype(preferred_element_type)
+        return jax.lax.ragged_dot(lhs, w, group_sizes, preferred_element_type=jnp.float32)
 
-    monkeypatch.setattr(
-        impls, "_import_tokamax", lambda: types.SimpleNamespace(ragged_dot=ragged_dot)
-    )
+    monkeypatch.setattr(impls, "_tokamax_ragged_dot", lambda: ragged_dot)
     monkeypatch.setitem(sys.modules, "qwix", types.SimpleNamespace(QArray=QArray))
     case = cases.Case(
         "t", cases.SMALL_WORKLOADS["gptoss"], int(np.random.default_rng().integers(1, 24))
