@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 import moe_pallas
-from benchmarks.cases import Case
+from benchmarks.cases import Case, hit_experts
 from moe_pallas import quant
 from moe_pallas.dispatch import dispatch
 
@@ -189,11 +189,7 @@ def _quantized_params(case: Case, inputs: dict, fmt: str) -> dict:
 def _floor_note(case: Case, inputs: dict, qparams: dict) -> str:
     """The weight-read floor: the stored bytes of the hit experts (values, scales, biases) plus
     x and out, at the measured read bandwidth."""
-    hit = int(
-        jnp.sum(
-            jnp.zeros((case.workload.experts,), bool).at[inputs["topk_idx"].reshape(-1)].set(True)
-        )
-    )
+    hit = hit_experts(inputs["topk_idx"], case.workload.experts)
     per_expert = sum(
         sum(a.nbytes for a in jax.tree.leaves(v)) / case.workload.experts for v in qparams.values()
     )
@@ -578,11 +574,7 @@ def _quick_seconds(prep: Prepared, calls: int = 5, repeats: int = 3) -> float:
 def _prepare_line(case: Case, inputs: dict) -> Prepared:
     """The cuBLAS line of a case: XLA's batched dot and, where torch has CUDA, torch.bmm; the
     faster of the two (XLA's ran 5-10% slower than torch.bmm on some of these shapes on an H200)."""
-    hit = int(
-        jnp.sum(
-            jnp.zeros((case.workload.experts,), bool).at[inputs["topk_idx"].reshape(-1)].set(True)
-        )
-    )
+    hit = hit_experts(inputs["topk_idx"], case.workload.experts)
     matmuls = _line_matmuls(case, hit)
     operands = _line_operands(matmuls, inputs["x"].dtype, case.seed + 2)
     variants = {"xla dot_general": _line_xla(matmuls, operands)}

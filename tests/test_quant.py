@@ -299,13 +299,13 @@ def _run_ptx(asm: str, word: int) -> list[int]:
 def test_e2m1_ptx_decodes_every_byte(nibble):
     """The GPU's inline PTX decode (text as compiled, emulated instruction by instruction): every
     byte's nibble becomes its e2m1 value in bf16, in element order, for all 256 bytes."""
-    from moe_pallas.kernels.gmm_quant import E2M1_PTX
-
     byte_values = np.arange(256, dtype=np.int64)
     got = []
     for word_bytes in byte_values.reshape(-1, 4):
         word = int(sum(int(b) << (8 * i) for i, b in enumerate(word_bytes)))
-        for out in _run_ptx(E2M1_PTX[nibble], word):  # $0: elements 0, 1; $1: elements 2, 3
+        for out in _run_ptx(
+            gmm_quant_module.E2M1_PTX[nibble], word
+        ):  # $0: elements 0, 1; $1: elements 2, 3
             got += [out & 0xFFFF, out >> 16]
     got = np.array(got, np.uint16).view(jnp.bfloat16).astype(np.float64)
     codes = byte_values >> 4 if nibble == "high" else byte_values & 0xF
