@@ -1,6 +1,12 @@
 """Random test inputs shared by the test files."""
 
 import numpy as np
+import pytest
+
+# The GPU tests at full workload shapes hold tens of GiB each and jax keeps a process's peak
+# memory in its pool: under `pytest -n N --dist loadgroup` they share one worker, so one of them
+# runs at a time while the other workers take the small tests.
+FULL_SHAPES = pytest.mark.xdist_group("gpu_full_shapes")
 
 
 def make_params(rng, num_experts, hidden, inter, *, biases, scale=1.0, dtype=np.float32):

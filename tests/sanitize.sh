@@ -5,7 +5,9 @@
 # cases at once (racecheck, the slowest, takes about 10 minutes for the cases in one process),
 # one log per tool in OUT_DIR, and OUT_DIR/summary.txt holds each tool's error summaries and the
 # cases' own exactness checks. Exit status 1 if a tool reports an error, dies in a case, or a
-# case is off.
+# case is off. SANITIZE_SECONDS (default: none) bounds the whole run's wall time: a tool still
+# running then is stopped, its log says from which case on nothing was checked, and the run fails
+# but still writes the logs and the summary.
 set -u
 out=${1:?usage: tests/sanitize.sh OUT_DIR [PYTHON]}
 python=${2:-python3}
@@ -15,21 +17,29 @@ mkdir -p "$out"
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 shards=${SANITIZE_SHARDS:-1}
 count=$("$python" -m tests.sanitize --list | wc -l)
+deadline=$(($(date +%s) + ${SANITIZE_SECONDS:-0}))
 # One tool over cases [start, stop); where the tool itself dies in a case (a segfault, not a
 # report), the log says so and the next process resumes after that case, so one crash hides no
 # other case.
 run_tool() {
-  local tool=$1 start=$2 stop=$3 log=$4 status last seen
+  local tool=$1 start=$2 stop=$3 log=$4 status last seen limit=()
   : > "$log"
   while :; do
     seen=$(wc -l < "$log")  # this segment's lines follow (late writes of XLA may trail them)
-    compute-sanitizer --tool "$tool" $([ "$tool" = memcheck ] && echo --report-api-errors no) \
+    if [ "${SANITIZE_SECONDS:-0}" -gt 0 ]; then
+      limit=(timeout -k 20 $((deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1)))
+    fi
+    "${limit[@]}" compute-sanitizer --tool "$tool" $([ "$tool" = memcheck ] && echo --report-api-errors no) \
       --print-limit 50 --target-processes all "$python" -m tests.sanitize --start "$start" \
       --stop "$stop" >> "$log" 2>&1
     status=$?
     echo "exit status $status (cases $start to $((stop - 1)))" >> "$log"
     tail -n +$((seen + 1)) "$log" | grep -q "cases exact within their bounds" && return
     last=$(grep -oE '^case [0-9]+' "$log" | tail -n 1 | cut -d' ' -f2)
+    if [ ${#limit[@]} -gt 0 ] && [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "TIMEOUT: SANITIZE_SECONDS spent; cases ${last:-$start} to $((stop - 1)) not checked" >> "$log"
+      return
+    fi
     if [ -z "$last" ] || [ "$last" -lt "$start" ]; then
       echo "CRASH before the first case from $start (exit status $status); stopping" >> "$log"
       return
@@ -55,10 +65,10 @@ for tool in $tools; do
   log="$out/$tool.log"
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | grep -qvE "ERROR SUMMARY: 0 errors|RACECHECK SUMMARY: 0 hazards" && status=1
   grep -qE "ERROR SUMMARY|RACECHECK SUMMARY" "$log" || status=1
-  grep -qE "^FAIL|^CRASH" "$log" && status=1
+  grep -qE "^FAIL|^CRASH|^TIMEOUT" "$log" && status=1
   {
     echo "## $tool"
-    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|cases exact|^FAIL|^CRASH|^exit status" "$log"
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|cases exact|^FAIL|^CRASH|^TIMEOUT|^exit status" "$log"
   } >> "$out/summary.txt"
 done
 cat "$out/summary.txt"

@@ -9,7 +9,7 @@ import pytest
 
 from moe_pallas import backends, fused, ops
 from moe_pallas.backends import cublas_slab
-from tests.helpers import as_if_h200
+from tests.helpers import FULL_SHAPES, as_if_h200
 from tests.test_fused import GRAD_TOL, _loss_and_grads, _problem, _reference64
 from tests.test_fused import _rel_err as _rel_err_finite
 from tests.test_kernels_gmm import rel_err, tgmm64
@@ -117,6 +117,7 @@ def test_layer_grads_through_it(monkeypatch, activation, mode):
         assert _rel_err_finite(got, want) < GRAD_TOL[jnp.bfloat16]
 
 
+@FULL_SHAPES
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "activation, t, h, i, e, k",

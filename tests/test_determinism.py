@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from moe_pallas import moe_experts, ragged_dot, tgmm
-from tests.helpers import device_normal
+from tests.helpers import FULL_SHAPES, device_normal
 
 
 def _inputs(seed, tokens, hidden, inter, experts, top_k, dtype, biases):
@@ -109,6 +109,7 @@ def test_ragged_dot_and_tgmm_bitwise_reproducible_cpu():
     _assert_same_bits([jax.jit(step)(lhs, rhs) for _ in range(2)])
 
 
+@FULL_SHAPES
 @pytest.mark.gpu
 @pytest.mark.parametrize("activation", ["swiglu", "gptoss"])
 def test_moe_experts_bitwise_reproducible_gpu(activation):

@@ -13,7 +13,7 @@ import pytest
 from moe_pallas import backends, moe_experts
 from moe_pallas.kernels.combine import combine
 from moe_pallas.reference import moe_experts_by_expert, moe_experts_reference
-from tests.helpers import device_normal
+from tests.helpers import FULL_SHAPES, device_normal
 
 ON_GPU = jax.default_backend() == "gpu"
 # Relative error bounds (‖out − ref‖ / ‖ref‖). float32 runs the dots in TF32 on GPU.
@@ -30,10 +30,36 @@ def _rel_err(x, ref) -> float:
 @jax.jit
 def _rel_err_on_device(x, ref):
     """`_rel_err` in float32 where the arrays live (full-shape gradients are billions of
-    elements: the float64 host copies took longer than the test's kernels)."""
-    x, ref = x.astype(jnp.float32), ref.astype(jnp.float32)
-    err = jnp.sqrt(jnp.sum(jnp.square(x - ref))) / jnp.maximum(jnp.sqrt(jnp.sum(ref * ref)), 1e-30)
-    return jnp.where(jnp.isfinite(x).all(), err, jnp.inf)
+    elements: the float64 host copies took longer than the test's kernels), summed one slice of
+    the leading axis at a time so that no float32 copy of a whole weight gradient is made."""
+
+    def add(sums, slices):
+        x, ref = (a.astype(jnp.float32) for a in slices)
+        diff, norm, finite = sums
+        return (
+            diff + jnp.sum(jnp.square(x - ref)),
+            norm + jnp.sum(ref * ref),
+            finite & jnp.isfinite(x).all(),
+        ), None
+
+    rows = lambda a: a.reshape(a.shape[0], -1) if a.ndim else a.reshape(1, 1)
+    zero = jnp.zeros((), jnp.float32)
+    (diff, norm, finite), _ = jax.lax.scan(add, (zero, zero, jnp.array(True)), (rows(x), rows(ref)))
+    return jnp.where(finite, jnp.sqrt(diff) / jnp.maximum(jnp.sqrt(norm), 1e-30), jnp.inf)
+
+
+def test_rel_err_on_device_matches_the_float64_one():
+    """The sliced float32 sums give `_rel_err`'s figure, for 2-D and 3-D arrays, and a NaN in the
+    output (an unwritten element) fails it."""
+    rng = np.random.default_rng(5)
+    for shape in [(7, 5), (3, 4, 6)]:
+        ref = rng.standard_normal(shape)
+        x = ref + 1e-2 * rng.standard_normal(shape)
+        got = float(_rel_err_on_device(jnp.asarray(x, jnp.bfloat16), jnp.asarray(ref, jnp.float32)))
+        want = _rel_err(np.asarray(jnp.asarray(x, jnp.bfloat16), np.float64), ref)
+        assert abs(got - want) <= 1e-3 * want
+        x[-1, ...] = np.nan
+        assert float(_rel_err_on_device(jnp.asarray(x), jnp.asarray(ref))) == np.inf
 
 
 def _problem(rng, activation, tokens, hidden, inter, experts, top_k, dtype, mode="random"):
@@ -160,6 +186,7 @@ def test_grad_matches_reference(activation, dtype, t, h, i, e, k, mode):
         assert np.array_equal(np.asarray(got), np.asarray(rerun))
 
 
+@FULL_SHAPES
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "activation,dtype,t,h,i,e,k",
@@ -193,6 +220,7 @@ def test_full_shapes_gpu(activation, dtype, t, h, i, e, k):
         assert bool(jnp.array_equal(got, rerun))
 
 
+@FULL_SHAPES
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "activation,t,h,i,e,k",

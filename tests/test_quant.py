@@ -15,7 +15,7 @@ from moe_pallas.kernels import gmm_quant as gmm_quant_module
 from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.gmm_quant import gmm_quant
 from moe_pallas.reference import moe_experts_reference
-from tests.helpers import make_params, random_routing
+from tests.helpers import FULL_SHAPES, make_params, random_routing
 
 # bf16 output rounding (2^-8 relative) plus bf16 rounding of the stored activation between the
 # two matmuls: the bound docs/reliability.md states for the quantised path.
@@ -321,6 +321,7 @@ def test_paired_view_needs_even_columns(monkeypatch):
         gmm_quant(jnp.ones((4, 64), jnp.bfloat16), qw, jnp.array([2, 2], jnp.int32))
 
 
+@FULL_SHAPES
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_block", "mxfp4"])
 def test_gptoss_sized_quantised_layer(fmt):
@@ -351,6 +352,7 @@ def test_gptoss_sized_quantised_layer(fmt):
         assert out.dtype == jnp.bfloat16 and rel_err(out, want) < BF16_BOUND, (tokens, fmt)
 
 
+@FULL_SHAPES
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 def test_swiglu256_sized_quantised_weights(fmt):

@@ -28,12 +28,15 @@ done
 for i in $(seq $start $((stop - 1))); do
   echo "case $i name$i"; echo "ok   1e-08  name$i"
   for c in $FAKE_CRASH; do [ $i = $c ] && kill -SEGV $$; done
+  for c in $FAKE_SLOW; do [ $i = $c ] && sleep 60; done
 done
 echo "$((stop - start)) of $((stop - start)) cases exact within their bounds"
 """
 
 
-def _run(tmp_path, errors="0", crash="2 4", tools=None, shards=None, trail="0"):
+def _run(
+    tmp_path, errors="0", crash="2 4", tools=None, shards=None, trail="0", slow="", seconds=None
+):
     for name, text in (("compute-sanitizer", FAKE_SANITIZER), ("cases", FAKE_CASES)):
         path = tmp_path / name
         path.write_text(text)
@@ -41,6 +44,9 @@ def _run(tmp_path, errors="0", crash="2 4", tools=None, shards=None, trail="0"):
     env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
     env |= {"FAKE_PY": str(tmp_path / "cases"), "FAKE_ERRORS": errors, "FAKE_CRASH": crash}
     env["FAKE_TRAIL"] = trail
+    env["FAKE_SLOW"] = slow
+    if seconds:
+        env["SANITIZE_SECONDS"] = seconds
     if tools:
         env["SANITIZE_TOOLS"] = tools
     if shards:
@@ -88,3 +94,14 @@ def test_a_subset_of_the_tools(tmp_path):
     status, out = _run(tmp_path, crash="", tools="racecheck")
     assert status == 0 and [p.name for p in sorted(out.glob("*.log"))] == ["racecheck.log"]
     assert (out / "summary.txt").read_text().startswith("## racecheck")
+
+
+def test_the_time_budget_stops_a_slow_run_and_still_writes_the_summary(tmp_path):
+    status, out = _run(tmp_path, crash="", slow="3", seconds="3", tools="memcheck racecheck")
+    assert status == 1  # unchecked cases are not a clean run
+    for tool in ("memcheck", "racecheck"):
+        log = (out / f"{tool}.log").read_text()
+        assert "TIMEOUT: SANITIZE_SECONDS spent; cases 3 to 5 not checked" in log
+    assert (out / "summary.txt").read_text().count("TIMEOUT") == 2
+    status, out = _run(tmp_path, crash="", seconds="60")  # a budget that suffices changes nothing
+    assert status == 0 and "TIMEOUT" not in (out / "summary.txt").read_text()
