@@ -1,9 +1,13 @@
 import os
 
-# xdist workers share one GPU: jax's default would give the first of them 75% of its memory and
-# leave the others failing on their first allocation (set before jax is imported).
+# xdist workers share one GPU (set before jax is imported). jax's default would give the first of
+# them 75% of its memory and leave the others failing on their first allocation; without
+# preallocation each worker's pool still keeps its peak, so three workers held the memory of the
+# largest test each ran, and the full-shape tests ran out. The platform allocator hands memory back
+# when arrays die: workers hold only what their current test holds.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
 
 import jax
 import pytest

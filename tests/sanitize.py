@@ -1,7 +1,7 @@
 """Every kernel at every config the tuning table ships, on small shapes that hit the edges, for
 NVIDIA's compute-sanitizer (memcheck, racecheck, synccheck):
 
-    SANITIZE_SHARDS=2 tests/sanitize.sh OUT_DIR   # this file under each tool, logs in OUT_DIR
+    tests/sanitize.sh OUT_DIR   # this file under each tool, logs in OUT_DIR
     python -m tests.sanitize [--list] [--only SUBSTRING] [--start I] [--stop J]
 
 Each case runs its kernel once and checks the output against a float64 reference (a sanitizer

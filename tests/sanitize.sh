@@ -2,7 +2,8 @@
 # Every kernel under compute-sanitizer's memcheck, racecheck and synccheck (tests/sanitize.py has
 # the cases), on an NVIDIA GPU: tests/sanitize.sh OUT_DIR [PYTHON]. The three tools (or those
 # SANITIZE_TOOLS names) run side by side, each over SANITIZE_SHARDS (default 1) slices of the
-# cases at once (racecheck, the slowest, takes about 10 minutes for the cases in one process),
+# cases at once (memcheck and synccheck gain from slices; racecheck, the slowest, over 10 minutes
+# for the cases in one process, does not: it runs one kernel at a time on the GPU),
 # one log per tool in OUT_DIR, and OUT_DIR/summary.txt holds each tool's error summaries and the
 # cases' own exactness checks. Exit status 1 if a tool reports an error, dies in a case, or a
 # case is off. SANITIZE_SECONDS (default: none) bounds the whole run's wall time: a tool still
@@ -15,6 +16,9 @@ tools=${SANITIZE_TOOLS:-memcheck racecheck synccheck}
 mkdir -p "$out"
 # jax must not preallocate: the sanitizer tracks every allocation, and a pool hides overruns.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
+# XLA's GEMM autotuner would run every candidate kernel of each dot (the slabs, the references'
+# activations) under the tool: racecheck spent minutes there, on kernels that are not ours.
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0"
 shards=${SANITIZE_SHARDS:-1}
 count=$("$python" -m tests.sanitize --list | wc -l)
 deadline=$(($(date +%s) + ${SANITIZE_SECONDS:-0}))
