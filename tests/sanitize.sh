@@ -8,7 +8,8 @@
 # cases' own exactness checks. Exit status 1 if a tool reports an error, dies in a case, or a
 # case is off. SANITIZE_SECONDS (default: none) bounds the whole run's wall time: a tool still
 # running then is stopped, its log says from which case on nothing was checked, and the run fails
-# but still writes the logs and the summary.
+# but still writes the logs and the summary. SANITIZE_CASES=START:STOP (default: all) runs only
+# cases START to STOP - 1, so a slow tool can be split over several calls.
 set -u
 out=${1:?usage: tests/sanitize.sh OUT_DIR [PYTHON]}
 python=${2:-python3}
@@ -21,6 +22,12 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0"
 shards=${SANITIZE_SHARDS:-1}
 count=$("$python" -m tests.sanitize --list | wc -l)
+first=0
+if [ -n "${SANITIZE_CASES:-}" ]; then
+  first=${SANITIZE_CASES%%:*}
+  last_case=${SANITIZE_CASES##*:}
+  [ "$last_case" -lt "$count" ] && count=$last_case
+fi
 deadline=$(($(date +%s) + ${SANITIZE_SECONDS:-0}))
 # One tool over cases [start, stop); where the tool itself dies in a case (a segfault, not a
 # report), the log says so and the next process resumes after that case, so one crash hides no
@@ -55,7 +62,8 @@ run_tool() {
 }
 for tool in $tools; do
   for j in $(seq 0 $((shards - 1))); do
-    run_tool "$tool" $((j * count / shards)) $(((j + 1) * count / shards)) "$out/$tool.shard$j" &
+    run_tool "$tool" $((first + j * (count - first) / shards)) \
+      $((first + (j + 1) * (count - first) / shards)) "$out/$tool.shard$j" &
   done
 done
 wait

@@ -35,7 +35,15 @@ echo "$((stop - start)) of $((stop - start)) cases exact within their bounds"
 
 
 def _run(
-    tmp_path, errors="0", crash="2 4", tools=None, shards=None, trail="0", slow="", seconds=None
+    tmp_path,
+    errors="0",
+    crash="2 4",
+    tools=None,
+    shards=None,
+    trail="0",
+    slow="",
+    seconds=None,
+    cases=None,
 ):
     for name, text in (("compute-sanitizer", FAKE_SANITIZER), ("cases", FAKE_CASES)):
         path = tmp_path / name
@@ -47,6 +55,8 @@ def _run(
     env["FAKE_SLOW"] = slow
     if seconds:
         env["SANITIZE_SECONDS"] = seconds
+    if cases:
+        env["SANITIZE_CASES"] = cases
     if tools:
         env["SANITIZE_TOOLS"] = tools
     if shards:
@@ -105,3 +115,11 @@ def test_the_time_budget_stops_a_slow_run_and_still_writes_the_summary(tmp_path)
     assert (out / "summary.txt").read_text().count("TIMEOUT") == 2
     status, out = _run(tmp_path, crash="", seconds="60")  # a budget that suffices changes nothing
     assert status == 0 and "TIMEOUT" not in (out / "summary.txt").read_text()
+
+
+@pytest.mark.parametrize("shards", [None, "2"])
+def test_a_range_of_the_cases(tmp_path, shards):
+    status, out = _run(tmp_path, crash="", tools="memcheck", cases="2:5", shards=shards)
+    log = (out / "memcheck.log").read_text()
+    started = [line.split()[1] for line in log.splitlines() if line.startswith("case ")]
+    assert status == 0 and started == ["2", "3", "4"]
