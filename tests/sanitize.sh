@@ -18,8 +18,11 @@ mkdir -p "$out"
 # jax must not preallocate: the sanitizer tracks every allocation, and a pool hides overruns.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false XLA_PYTHON_CLIENT_ALLOCATOR=platform
 # XLA's GEMM autotuner would run every candidate kernel of each dot (the slabs, the references'
-# activations) under the tool: racecheck spent minutes there, on kernels that are not ours.
-export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0"
+# activations) under the tool: racecheck spent minutes there, on kernels that are not ours. And
+# XLA would launch runs of kernels as CUDA graphs (command buffers): each kernel is launched on its
+# own instead, so the tool tracks every launch (racecheck once printed "Internal Sanitizer Error:
+# Detected a failure to track a kernel launch").
+export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0 --xla_gpu_enable_command_buffer="
 shards=${SANITIZE_SHARDS:-1}
 count=$("$python" -m tests.sanitize --list | wc -l)
 first=0
