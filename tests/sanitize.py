@@ -29,7 +29,6 @@ import numpy as np
 from moe_pallas import activations, quant, tuning
 from moe_pallas.backends import cublas_slab
 from moe_pallas.kernels import combine, glu_bwd, gmm_mgpu, slab, tgmm_mgpu
-from moe_pallas.kernels import gmm_quant as gmm_quant_module
 from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.gmm import gmm
 from moe_pallas.kernels.gmm_quant import gmm_quant
@@ -120,20 +119,9 @@ def triton_gmm_case(kernel: str, cfg: BlockConfig, seed: int):
     return out, ref
 
 
-def quant_gmm_case(fmt: str, kernel: str, cfg: BlockConfig, seed: int, bit_decode=False):
+def quant_gmm_case(fmt: str, kernel: str, cfg: BlockConfig, seed: int):
     """gmm_quant on `fmt` weights (gathered rows, bias, GLU or row scale) against float64 on the
-    exactly decoded weights; K past the blocks by 64 (mxfp4 packs K in 64s), N by 40.
-
-    bit_decode: decode e2m1 with the jnp bit ops of interpret mode instead of the inline PTX
-    (compute-sanitizer itself crashes at times in kernels with that PTX; the loads, stores and
-    shared-memory traffic it checks are the same in both)."""
-    if bit_decode:
-        real = gmm_quant_module._e2m1
-        gmm_quant_module._e2m1 = gmm_quant_module._e2m1_bits  # traced per call: no stale cache
-        try:
-            return quant_gmm_case(fmt, kernel, cfg, seed)
-        finally:
-            gmm_quant_module._e2m1 = real
+    exactly decoded weights; K past the blocks by 64 (mxfp4 packs K in 64s), N by 40."""
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     sizes = _sizes(bm, 3 * bm + 7)
     m_rows, groups = sum(sizes), len(sizes)
@@ -310,15 +298,6 @@ def cases() -> list[Case]:
                             lambda f=fmt, k=e["kernel"], cfg=cfg, i=i: quant_gmm_case(f, k, cfg, i),
                         )
                     )
-                    if fmt == "mxfp4":
-                        out.append(
-                            Case(
-                                f"{label}/gmm_quant/mxfp4/bit_decode",
-                                lambda k=e["kernel"], cfg=cfg, i=i: quant_gmm_case(
-                                    "mxfp4", k, cfg, i, bit_decode=True
-                                ),
-                            )
-                        )
             if _dtype_names(e["dtype"]) <= QUANT_ELEMENTS.keys():
                 continue  # quantised element types only: gmm_quant's entry
             if e["kernel"] == "tgmm":
