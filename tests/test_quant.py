@@ -269,12 +269,17 @@ def _run_ptx(asm: str, word: int) -> list[int]:
         d, *src = args
         if op == "mov.b32":
             regs[d] = val(src[0])
-        elif op == "prmt.b32":  # byte i of d = byte selector[i] of {b, a}
+        elif op == "prmt.b32":  # byte i of d = byte selector[i] of {b, a}, or its sign spread
             a, b, sel = (val(s) for s in src)
             pool = a | (b << 32)
+            picked = [(pool >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF for i in range(4)]
+            spread = [(sel >> (4 * i)) & 8 for i in range(4)]  # msb of a selector: sign mode
             regs[d] = sum(
-                ((pool >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4)
+                ((0xFF if p & 0x80 else 0) if s else p) << (8 * i)
+                for i, (p, s) in enumerate(zip(picked, spread))
             )
+        elif op == "add.u32":
+            regs[d] = (val(src[0]) + val(src[1])) & 0xFFFFFFFF
         elif op == "shl.b32":
             regs[d] = (val(src[0]) << val(src[1])) & 0xFFFFFFFF
         elif op == "and.b32":
@@ -285,7 +290,7 @@ def _run_ptx(asm: str, word: int) -> list[int]:
                 ((lut >> (((a >> i & 1) << 2) | ((b >> i & 1) << 1) | (c >> i & 1))) & 1) << i
                 for i in range(32)
             )
-        elif op == "mul.rn.bf16x2":  # both operands exact powers of two or e2m1: exact product
+        elif op == "mul.rn.bf16x2":  # a power of two times a decoded value: exact (NaN stays)
             a, b = val(src[0]), val(src[1])
             halves = [bf16(a >> s & 0xFFFF) * bf16(b >> s & 0xFFFF) for s in (0, 16)]
             bits = np.array(halves, np.float64).astype(jnp.bfloat16).view(np.uint16)
@@ -310,6 +315,25 @@ def test_e2m1_ptx_decodes_every_byte(nibble):
     got = np.array(got, np.uint16).view(jnp.bfloat16).astype(np.float64)
     codes = byte_values >> 4 if nibble == "high" else byte_values & 0xF
     np.testing.assert_array_equal(got, e2m1_oracle(codes))
+
+
+def test_e4m3_ptx_decodes_every_byte():
+    """The GPU's inline PTX fp8 decode (emulated instruction by instruction): every byte at each
+    of the 4 positions of a word becomes its e4m3 value in bf16 bit for bit, in element order
+    (subnormals and -0 included), and the two NaN codes NaN."""
+    for position in range(4):
+        byte_values = np.roll(np.arange(256, dtype=np.uint8), position)
+        got = []
+        for word_bytes in byte_values.reshape(-1, 4):
+            word = int(sum(int(b) << (8 * i) for i, b in enumerate(word_bytes)))
+            for out in _run_ptx(gmm_quant_module.E4M3_PTX, word):  # $0: bytes 0, 1; $1: 2, 3
+                got += [out & 0xFFFF, out >> 16]
+        got = np.array(got, np.uint16).view(jnp.bfloat16)
+        want = byte_values.view(jnp.float8_e4m3fn).astype(jnp.bfloat16)
+        nan = np.isnan(want.astype(np.float32))
+        assert sorted(byte_values[nan]) == [0x7F, 0xFF]
+        assert np.isnan(got[nan].astype(np.float32)).all()
+        np.testing.assert_array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
 
 
 def test_paired_view_needs_even_columns(monkeypatch):

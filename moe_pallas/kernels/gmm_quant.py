@@ -24,9 +24,10 @@ float32-accumulated product with the exactly decoded weights up to float32 summa
 Tiling. As `kernels.gmm`: a 1-D grid of (visit, n-tile) pairs over `dispatch.tile_schedule`'s
 visits, the in-kernel row gather, one compiled path per tile height (`BlockConfig.m_paths`), K
 and N tails masked. No `tail_m` second dot and no transposed weights: the backward's products
-with wᵀ dequantise per call (`moe_pallas.backends`). fp8 values are loaded as bytes and bitcast
-in registers (a masked fp8 load's fill value does not lower in Triton 3.6), then converted to
-lhs's dtype by the hardware conversion.
+with wᵀ dequantise per call (`moe_pallas.backends`). fp8 values are loaded as bytes (a masked
+fp8 load's fill value does not lower in Triton 3.6) and decoded in registers by bit placement
+(`_e4m3`, as e2m1's `_e2m1`): both decodes run on the integer and bf16x2 pipes, not on the
+quarter-rate conversion pipe, which is what bounds an in-kernel decode of a memory-bound gmm.
 
 Offsets. Pallas addresses an array in int32 element offsets unless it spans more than 2^32
 bytes, so a byte array of more than 2^31 elements, up to 2^32 (fp8 SwiGLU-256 gate_up,
@@ -63,6 +64,52 @@ def _and(a, b):
 
 def _load(ref, mask):
     return plgpu.load(ref, mask=mask) if mask is None else plgpu.load(ref, mask=mask, other=0)
+
+
+# e4m3 -> bf16 by bit placement, as e2m1 below: the code's exponent and mantissa bits (E3..E0
+# M2..M0) go to bf16's lowest four exponent bits and top three mantissa bits, the sign to the sign
+# bit, which reads as e4m3(code) · 2^-120 (E = 0 lands on bf16's subnormals, as e4m3's own
+# subnormals); one bf16 multiply by 2^120 is then exact. The hardware path (e4m3x2 -> f16x2, then
+# one f16 -> bf16 conversion per value) runs on the GPU's quarter-rate conversion pipe, 1.5
+# instructions a value, which bounded the fp8 gmm at about the element rate of bf16's. One inline
+# PTX block does 4 bytes in integer and bf16x2 instructions: per pair of values a byte permute
+# that sign-extends each byte into its 16-bit lane, a shift, a lop3 and the multiply; the NaN codes
+# (all seven E M bits set) are flagged per byte by an add that carries into bit 7, widened by a
+# permute into an all-ones lane (a bf16 NaN) and or-ed in, so a NaN weight stays NaN.
+E4M3_PTX = (
+    """{
+.reg .b32 n, t, m, a, c, z;
+mov.b32 c, 0x7B807B80;
+mov.b32 z, 0;
+and.b32 n, $2, 0x7F7F7F7F;
+add.u32 n, n, 0x01010101;
+and.b32 n, n, 0x80808080;
+"""
+    + "".join(
+        f"""prmt.b32 t, $2, z, {select};
+shl.b32 a, t, 4;
+prmt.b32 m, n, z, {flag};
+lop3.b32 a, a, 0x87F087F0, m, 0xEA;
+mul.rn.bf16x2 ${out}, a, c;
+"""
+        for out, select, flag in ((0, "0x9180", "0x9988"), (1, "0xB3A2", "0xBBAA"))
+    )
+    + "}"
+)
+
+
+def _e4m3(q, dtype):
+    """uint8 [r, n] of e4m3 codes -> their values as `dtype` [r, n] (exact; NaN codes NaN)."""
+    if not _common.interpret_mode():
+        [w] = plgpu.elementwise_inline_asm(
+            E4M3_PTX,
+            args=[q],
+            constraints="=r,=r,r",
+            pack=4,
+            result_shape_dtypes=[jax.ShapeDtypeStruct(q.shape, jnp.bfloat16)],
+        )
+        return w.astype(dtype)
+    return jax.lax.bitcast_convert_type(q, jnp.float8_e4m3fn).astype(dtype)
 
 
 # e2m1 -> bf16 by bit placement: the code's exponent and mantissa bits (E1 E0 M) go to bf16's
@@ -118,7 +165,13 @@ def _e2m1_bits(q, nibble: str):
 
 
 def _e8m0(codes):
-    return jnp.exp2(codes.astype(jnp.int32).astype(jnp.float32) - 127.0)
+    """e8m0 code c -> 2^(c - 127) as float32, by placing c in the exponent field: one shift on
+    the GPU's full-rate integer pipe where exp2 took a conversion and a MUFU op (both quarter
+    rate) per scale. c = 0 is the subnormal 2^-127 (bits 0x00400000); c = 255 reads as +inf, as
+    in `quant.dequantize`'s ldexp."""
+    c = codes.astype(jnp.int32)
+    bits = jnp.where(c == 0, 0x00400000, c << 23)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
 def _kernel(
@@ -246,7 +299,7 @@ def _kernel(
             for c, block in enumerate(blocks):
                 b_parts = load_bytes(k0, bk, *block, k_mask=k_mask)
                 for part, (b, (cols, mask)) in enumerate(zip(b_parts, parts(*block))):
-                    b = jax.lax.bitcast_convert_type(b, jnp.float8_e4m3fn).astype(compute_dtype)
+                    b = _e4m3(b, compute_dtype)
                     d = plgpu.dot(a, b)
                     if fmt == "fp8_block":
                         d = d * _load(scales_ref.at[g, k0 // FP8_BLOCK, cols], mask)[None, :]
