@@ -1,6 +1,7 @@
 """The benchmark suite: SOL arithmetic against the project's target figures, the suites, and the runner
 end to end on CPU with tiny shapes (no timings are asserted)."""
 
+import argparse
 import csv
 import dataclasses
 import json
@@ -546,3 +547,52 @@ def test_memory_benchmark_on_cpu(tmp_path):
     for r in rows:
         assert r["status"] == "smoke", r.get("message")
         assert r["planned_bytes"] > 0 and r["budget"]["temporaries"] > 0
+
+
+SASS_LOOP = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   LDS.U8 R2, [R3] ;
+        /*0020*/                   F2F.BF16.F16 R4, R2 ;
+        /*0030*/              @!P0 MUFU.EX2 R5, R4 ;
+        /*0040*/                   HMMA.16816.F32.BF16 R8, R4, R6, R8 ;
+        /*0050*/                   LDS.U8 R2, [R3+0x1] ;
+        /*0060*/               @P1 BRA `(.L_x_0) ;
+.L_x_1:
+        /*0070*/                   STG.E [R10], R8 ;
+        /*0080*/                   BRA `(.L_x_1);
+"""
+
+
+def test_sass_loop_mix_counts_the_longest_loop():
+    """benchmarks.sass: the K loop is the longest backward branch's body; opcodes keep their first
+    modifier, predicates are not opcodes, and the conversion/SFU pipes are counted apart."""
+    from benchmarks import sass
+
+    counts = sass.loop_mix(SASS_LOOP)
+    assert counts == {"LDS.U8": 2, "F2F.BF16": 1, "MUFU.EX2": 1, "HMMA.16816": 1, "BRA": 1}
+    assert sass.slow_pipe(counts) == 2
+    with pytest.raises(ValueError, match="no backward branch"):
+        sass.loop_mix(SASS_LOOP.replace("BRA `(.L_x_0)", "BRA `(.L_x_1)").replace(".L_x_1:\n", ""))
+
+
+@pytest.mark.parametrize("weights", ["bf16", "fp8", "mxfp4"])
+def test_sass_captures_the_kernels_triton_module(weights):
+    """benchmarks.sass lowers the gmm for an abstract H200 and captures its Triton module (the
+    compile itself needs upstream Triton and is not run here)."""
+    from benchmarks import sass
+
+    args = argparse.Namespace(
+        weights=weights,
+        rows=16,
+        block_n=64,
+        block_k=128,
+        warps=4,
+        stages=3,
+        k=256,
+        n=128,
+        experts=4,
+    )
+    ttir = sass.triton_module(args)
+    assert ttir.startswith("module") and "tt.dot" in ttir
+    assert ("inline_asm" in ttir) == (weights != "bf16")  # the PTX decodes of fp8 and e2m1

@@ -1,0 +1,163 @@
+"""The instruction mix of a Triton gmm's K loop, on a machine without a GPU.
+
+    python -m benchmarks.sass [--weights bf16|fp8|fp8_block|mxfp4] [--rows 16] [--block-n 64]
+                              [--block-k 128] [--warps 4] [--stages 3] [--k 2880] [--n 2880]
+                              [--experts 128] [--keep DIR]
+
+The gmm (plain, row scale; `kernels.gmm` for bf16 weights, `kernels.gmm_quant` for the stored
+formats) at one tile config is lowered for an abstract H200 (`jax.sharding.use_abstract_mesh`,
+as `tests/test_lowering.py`), its Triton module captured from Pallas's lowering, compiled by
+upstream Triton (`pip install triton==3.6.0`, the GPU image's) for sm_90, and disassembled by the
+nvdisasm Triton ships. The loop printed is the one with the most instructions (a backward
+branch): the K loop. Per opcode (with its first modifier) its count, and the loop's total;
+instructions of the quarter-rate conversion and special-function pipes (F2F, F2FP, I2F, F2I,
+MUFU) are counted apart: an in-kernel weight decode is bound by them long before the memory.
+
+It shows where a kernel's issue slots go without a device (the fp8 decode's conversions in
+docs/decisions.md); it is not a timing, and jaxlib's Triton (what runs on the GPU) can schedule
+differently from upstream's.
+"""
+
+import argparse
+import collections
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SLOW_PIPE = ("F2F", "F2FP", "I2F", "F2I", "MUFU")
+_LABEL = re.compile(r"^(\.L_x_\d+):")
+_BRANCH = re.compile(r"BRA\s+`?\(?(\.L_x_\d+)")
+_OPCODE = re.compile(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)(\.[A-Z0-9_]+)?")
+
+
+def loop_mix(sass: str) -> collections.Counter:
+    """Opcode counts (`OP.FIRST_MODIFIER`) of the longest loop in nvdisasm output: the lines
+    from a label to the last backward branch to it."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := _LABEL.match(line))}
+    best = None
+    for i, line in enumerate(lines):
+        m = _BRANCH.search(line)
+        if m and labels.get(m.group(1), i) < i:
+            start = labels[m.group(1)]
+            if best is None or i - start > best[1] - best[0]:
+                best = (start, i)
+    if best is None:
+        raise ValueError("no backward branch in the SASS: the kernel has no loop")
+    counts = collections.Counter()
+    for line in lines[best[0] : best[1] + 1]:
+        if m := _OPCODE.search(line):
+            counts[m.group(1) + (m.group(2) or "")] += 1
+    return counts
+
+
+def slow_pipe(counts: collections.Counter) -> int:
+    return sum(n for op, n in counts.items() if op.split(".")[0] in SLOW_PIPE)
+
+
+def triton_module(args) -> str:
+    """The Triton IR (text) of the gmm call `args` describes, lowered for an abstract H200."""
+    import jax
+    import jax.numpy as jnp
+    from jax._src.pallas.triton import pallas_call_registration
+    from jax.sharding import AbstractDevice, AbstractMesh
+
+    from moe_pallas import quant
+    from moe_pallas.kernels.config import BlockConfig
+    from moe_pallas.kernels.gmm import gmm
+    from moe_pallas.kernels.gmm_quant import gmm_quant
+
+    sds = jax.ShapeDtypeStruct
+    cfg = BlockConfig(
+        block_m=args.rows,
+        block_n=args.block_n,
+        block_k=args.block_k,
+        num_warps=args.warps,
+        num_stages=args.stages,
+    )
+    e, k, n, m = args.experts, args.k, args.n, args.experts * 2 * args.rows
+    lhs, sizes, scale = sds((m, k), jnp.bfloat16), sds((e,), jnp.int32), sds((m,), jnp.float32)
+    if args.weights == "bf16":
+        fn = lambda lhs, sizes, w, scale: gmm(lhs, w, sizes, row_scale=scale, config=cfg)
+        w = sds((e, k, n), jnp.bfloat16)
+    else:
+        stored = quant.quantize_weight(jnp.zeros((1, k, n), jnp.bfloat16), args.weights)
+        w = jax.tree.map(lambda a: sds((e, *a.shape[1:]), a.dtype), stored)
+        fn = lambda lhs, sizes, w, scale: gmm_quant(lhs, w, sizes, row_scale=scale, config=cfg)
+    modules = []
+    lower = pallas_call_registration.lowering.lower_jaxpr_to_triton_module
+
+    def capture(*a, **kw):
+        result = lower(*a, **kw)
+        modules.append(result.module.operation.get_asm(enable_debug_info=False))
+        return result
+
+    pallas_call_registration.lowering.lower_jaxpr_to_triton_module = capture
+    h200 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice("NVIDIA H200", 132, "gpu"))
+    try:
+        with jax.sharding.use_abstract_mesh(h200):
+            jax.jit(fn).trace(lhs, sizes, w, scale).lower(lowering_platforms=("cuda",))
+    finally:
+        pallas_call_registration.lowering.lower_jaxpr_to_triton_module = lower
+    return modules[-1]
+
+
+def compile_sass(ttir: str, warps: int, stages: int, keep: Path) -> str:
+    """Upstream Triton's sm_90 compile of `ttir`, disassembled."""
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+    except ImportError:
+        sys.exit("benchmarks.sass needs upstream Triton: pip install triton==3.6.0")
+    keep.mkdir(parents=True, exist_ok=True)
+    (keep / "kernel.ttir").write_text(ttir)
+    kernel = triton.compile(
+        str(keep / "kernel.ttir"),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": warps, "num_stages": stages},
+    )
+    for name in ("ttgir", "ptx"):
+        (keep / f"kernel.{name}").write_text(kernel.asm[name])
+    (keep / "kernel.cubin").write_bytes(kernel.asm["cubin"])
+    nvdisasm = Path(triton.__file__).parent / "backends/nvidia/bin/nvdisasm"
+    sass = subprocess.run(
+        [str(nvdisasm), "-c", str(keep / "kernel.cubin")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    (keep / "kernel.sass").write_text(sass)
+    return sass
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--weights", default="bf16", choices=["bf16", "fp8", "fp8_block", "mxfp4"])
+    parser.add_argument("--rows", type=int, default=16, help="block_m: the tile's rows")
+    parser.add_argument("--block-n", type=int, default=64)
+    parser.add_argument("--block-k", type=int, default=128)
+    parser.add_argument("--warps", type=int, default=4)
+    parser.add_argument("--stages", type=int, default=3)
+    parser.add_argument("--k", type=int, default=2880)
+    parser.add_argument("--n", type=int, default=2880)
+    parser.add_argument("--experts", type=int, default=128)
+    parser.add_argument("--keep", type=Path, help="write the IR, PTX, cubin and SASS here")
+    args = parser.parse_args(argv)
+    keep = args.keep or Path(tempfile.mkdtemp(prefix="moe_pallas_sass_"))
+    counts = loop_mix(compile_sass(triton_module(args), args.warps, args.stages, keep))
+    values = args.block_k * args.block_n // (32 * args.warps)  # weight values a thread decodes
+    print(
+        f"K loop of the {args.weights} gmm, {args.rows} x {args.block_n} x {args.block_k} tile, "
+        f"{args.warps} warps: {sum(counts.values())} instructions a thread, "
+        f"{slow_pipe(counts)} on the conversion/SFU pipes, for {values} weight values"
+    )
+    for op, count in counts.most_common():
+        print(f"  {count:5d}  {op}")
+    print(f"(IR, PTX and SASS in {keep})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
