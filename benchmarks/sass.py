@@ -108,16 +108,27 @@ def compile_sass(ttir: str, warps: int, stages: int, keep: Path) -> str:
     """Upstream Triton's sm_90 compile of `ttir`, disassembled."""
     try:
         import triton
+        from triton._C.libtriton import ir
         from triton.backends.compiler import GPUTarget
+        from triton.compiler.compiler import make_backend
     except ImportError:
         sys.exit("benchmarks.sass needs upstream Triton: pip install triton==3.6.0")
     keep.mkdir(parents=True, exist_ok=True)
-    (keep / "kernel.ttir").write_text(ttir)
-    kernel = triton.compile(
-        str(keep / "kernel.ttir"),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": warps, "num_stages": stages},
-    )
+    (keep / "pallas.ttir").write_text(ttir)
+    # Triton compiles an IR file from the stage after its own, so the TTIR passes (canonicalise,
+    # combine dot + add into an accumulating dot, CSE, hoisting), which XLA runs on Pallas's
+    # module, are run here first.
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    options = backend.parse_options({"num_warps": warps, "num_stages": stages})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = ir.parse_mlir_module(str(keep / "pallas.ttir"), context)
+    module.context = context
+    backend.make_ttir(module, {}, options, 90)
+    (keep / "kernel.ttir").write_text(str(module))
+    kernel = triton.compile(str(keep / "kernel.ttir"), target=target, options=options.__dict__)
     for name in ("ttgir", "ptx"):
         (keep / f"kernel.{name}").write_text(kernel.asm[name])
     (keep / "kernel.cubin").write_bytes(kernel.asm["cubin"])
