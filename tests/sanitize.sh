@@ -2,8 +2,8 @@
 # Every kernel under compute-sanitizer's memcheck, racecheck and synccheck (tests/sanitize.py has
 # the cases), on an NVIDIA GPU: tests/sanitize.sh OUT_DIR [PYTHON]. The three tools (or those
 # SANITIZE_TOOLS names) run side by side, each over SANITIZE_SHARDS (default 1) slices of the
-# cases at once (memcheck and synccheck gain from slices; racecheck, the slowest, over 10 minutes
-# for the cases in one process, does not: it runs one kernel at a time on the GPU),
+# cases at once (memcheck and synccheck gain from slices; racecheck, the slowest, about 10 minutes
+# for the cases in one process, ran no faster over 5 slices),
 # one log per tool in OUT_DIR, and OUT_DIR/summary.txt holds each tool's error summaries and the
 # cases' own exactness checks. Exit status 1 if a tool reports an error, dies in a case, or a
 # case is off. SANITIZE_SECONDS (default: none) bounds the whole run's wall time: a tool still

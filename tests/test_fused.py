@@ -40,11 +40,10 @@ def _rel_err_on_device(x, ref, elements_per_slice: int = 2**26) -> float:
     host copies took longer than the test's kernels), in float32 sums over slices of the leading
     axis, added in float64: one jitted sum over a whole SwiGLU weight gradient asked XLA for a
     40.84 GiB float32 copy of both operands."""
-    rows = max(1, elements_per_slice // max(1, x[0].size)) if x.ndim else 1
+    rows = max(1, elements_per_slice // max(1, x[0].size))
     diff = norm = 0.0
-    for start in range(0, x.shape[0] if x.ndim else 1, rows):
-        part = (x[start : start + rows], ref[start : start + rows]) if x.ndim else (x, ref)
-        d, r, finite = _slice_sums(*part)
+    for start in range(0, x.shape[0], rows):
+        d, r, finite = _slice_sums(x[start : start + rows], ref[start : start + rows])
         if not bool(finite):
             return float("inf")
         diff, norm = diff + float(d), norm + float(r)
