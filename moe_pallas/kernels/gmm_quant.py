@@ -188,8 +188,6 @@ def _kernel(
     has_row_scale: bool,
     compute_dtype,
     paired: bool,
-    nk: bool = False,
-    swap_ab: bool = False,
 ):
     it = iter(refs)
     group_ref, m_start_ref, row_end_ref = (next(it) for _ in range(3))
@@ -243,8 +241,6 @@ def _kernel(
             None if k_mask is None else k_mask[:, None],
             None if col_mask is None else col_mask[None, :],
         )
-        if nk:  # probe: values [E, N, K], tiles [cols, rows]
-            return [_load(values_ref.at[g, pl.ds(c0, width), pl.ds(row0, rows)], _t(mask))]
         if not paired:
             return [_load(values_ref.at[g, pl.ds(row0, rows), pl.ds(c0, width)], mask)]
         pair = _load(values_ref.at[g, pl.ds(row0, rows), pl.ds(c0 // 2, width // 2)], mask)
@@ -304,22 +300,15 @@ def _kernel(
                 b_parts = load_bytes(k0, bk, *block, k_mask=k_mask)
                 for part, (b, (cols, mask)) in enumerate(zip(b_parts, parts(*block))):
                     b = _e4m3(b, compute_dtype)
-                    if swap_ab:  # probe: out^T = w^T x^T, the converted weight first
-                        d = plgpu.dot(b, a, trans_a=not nk, trans_b=True)
-                    else:
-                        d = plgpu.dot(a, b, trans_b=nk)
+                    d = plgpu.dot(a, b)
                     if fmt == "fp8_block":
-                        s_cols = _load(scales_ref.at[g, k0 // FP8_BLOCK, cols], mask)
-                        d = d * (s_cols[:, None] if swap_ab else s_cols[None, :])
+                        d = d * _load(scales_ref.at[g, k0 // FP8_BLOCK, cols], mask)[None, :]
                     new[c][part] = new[c][part] + d
             return tuple(tuple(acc) for acc in new)
 
         n_parts = 2 if paired else 1
         accs = tuple(
-            tuple(
-                jnp.zeros((width // n_parts, h) if swap_ab else (h, width // n_parts), jnp.float32)
-                for _ in range(n_parts)
-            )
+            tuple(jnp.zeros((h, width // n_parts), jnp.float32) for _ in range(n_parts))
             for _, width, _ in blocks
         )
         if fmt == "mxfp4":
@@ -335,7 +324,6 @@ def _kernel(
             accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), fp8_body, accs)
 
         def epilogue(acc, cols, mask):
-            acc = acc.T if swap_ab else acc
             if fmt == "fp8":
                 acc = acc * _load(scales_ref.at[g, cols], mask)[None, :]
             if has_bias:
@@ -375,10 +363,6 @@ def _kernel(
         pl.when(run)(functools.partial(grouped_rows, p))
 
 
-def _t(mask):
-    return None if mask is None else mask.T
-
-
 def _block_k(fmt: str, block_k: int) -> int:
     """K values per loop step: fp8_block at most 128 (one scale row per step); mxfp4 64, 128 or
     256 (1, 2 or 4 sub-blocks of 32 byte rows, each scale row its own pair of dots); fp8 at most
@@ -399,13 +383,8 @@ def gmm_quant(
     row_scale: jax.Array | None = None,
     out_dtype=None,
     config: BlockConfig | None = None,
-    values_nk: jax.Array | None = None,
-    swap_ab: bool = False,
 ) -> jax.Array:
-    """Probe arguments: values_nk, rhs.values stored [E, N, K] (fp8, fp8_block; rhs gives the
-    rest); swap_ab, accumulate out^T = w^T x^T with the converted weight as the first operand.
-
-    `kernels.gmm.gmm` (no transpose_rhs) with rhs a `QuantizedWeight` of logical shape
+    """`kernels.gmm.gmm` (no transpose_rhs) with rhs a `QuantizedWeight` of logical shape
     [G, K, N] (module docstring); config's tail_m is ignored and block_k fitted to the format
     (`_block_k`)."""
     fmt = rhs.fmt
@@ -430,12 +409,7 @@ def gmm_quant(
     values, scales = rhs.values, rhs.scales
     if fmt != "mxfp4":  # fp8 travels as bytes: a masked fp8 load's fill value does not lower
         values = jax.lax.bitcast_convert_type(values, jnp.uint8)
-    nk = values_nk is not None
-    if nk:
-        assert fmt != "mxfp4" and values_nk.shape == (num_groups, n_dim, k_dim)
-        values = jax.lax.bitcast_convert_type(values_nk, jnp.uint8)
     paired = PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (module docstring, Offsets)
-    assert not (paired and (nk or swap_ab)) and not (swap_ab and fmt == "mxfp4")
     if paired:
         if n_dim % 2 or (activation == "swiglu" and n_out % 2):
             raise ValueError(
@@ -474,8 +448,6 @@ def gmm_quant(
         has_row_scale=row_scale is not None,
         compute_dtype=lhs.dtype,
         paired=paired,
-        nk=nk,
-        swap_ab=swap_ab,
     )
     return pl.pallas_call(
         kernel,
