@@ -149,13 +149,8 @@ def _e2m1(q, nibble: str):
             result_shape_dtypes=[jax.ShapeDtypeStruct(q.shape, jnp.bfloat16)],
         )
         return w
-    return _e2m1_bits(q, nibble)
-
-
-def _e2m1_bits(q, nibble: str):
-    """`_e2m1` in jnp ops (interpret mode), the same values as bits without the subnormal (XLA
-    on CPU flushes it): magnitude codes m >= 2 are 0x3F00 + (m << 6) (1.0 is 0x3F80), m = 1 is
-    0.5 (0x3F00), m = 0 is 0."""
+    # The same bits without the subnormal (XLA on CPU flushes it): magnitude codes m >= 2 are
+    # 0x3F00 + (m << 6) (1.0 is 0x3F80), m = 1 is 0.5 (0x3F00), m = 0 is 0.
     codes = q.astype(jnp.int32)
     codes = codes >> 4 if nibble == "high" else codes & 0xF
     m = codes & 7
