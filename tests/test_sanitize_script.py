@@ -10,15 +10,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The tool's internal errors (the cases print them) count in its summary, as racecheck's do.
 FAKE_SANITIZER = """#!/usr/bin/env bash
 while [ "$1" != "$FAKE_PY" ]; do shift; done
-"$@"; rc=$?
+seen=$(mktemp)
+"$@" | tee "$seen"; rc=${PIPESTATUS[0]}
 [ $rc -ge 128 ] && exit $rc
-echo "========= ERROR SUMMARY: ${FAKE_ERRORS:-0} errors"
+internal=$(grep -c "Internal Sanitizer Error" "$seen")
+echo "========= ERROR SUMMARY: $((${FAKE_ERRORS:-0} + internal)) errors"
 for i in $(seq 1 ${FAKE_TRAIL:-0}); do echo "E1203 [Compiling module $i] Very slow compile?"; done
 exit $rc
 """
-# Six cases; the process dies (SIGSEGV) in the cases FAKE_CRASH names, as compute-sanitizer can.
+# Six cases; the process dies (SIGSEGV) in the cases FAKE_CRASH names, and in those FAKE_FLAKY names
+# only where it runs more than that case (compute-sanitizer died so in long processes); the tool
+# reports an internal error in those FAKE_INTERNAL names, likewise.
 FAKE_CASES = """#!/usr/bin/env bash
 start=0; stop=6
 while [ $# -gt 0 ]; do
@@ -28,6 +33,11 @@ done
 for i in $(seq $start $((stop - 1))); do
   echo "case $i name$i"; echo "ok   1e-08  name$i"
   for c in $FAKE_CRASH; do [ $i = $c ] && kill -SEGV $$; done
+  for c in $FAKE_FLAKY; do [ $i = $c ] && [ $((stop - start)) -gt 1 ] && kill -SEGV $$; done
+  for c in $FAKE_INTERNAL; do
+    [ $i = $c ] && [ $((stop - start)) -gt ${FAKE_INTERNAL_ALONE:-1} ] &&
+      echo "========= Internal Sanitizer Error: Detected a failure to track a kernel launch."
+  done
   for c in $FAKE_SLOW; do [ $i = $c ] && sleep 60; done
 done
 echo "$((stop - start)) of $((stop - start)) cases exact within their bounds"
@@ -44,6 +54,9 @@ def _run(
     slow="",
     seconds=None,
     cases=None,
+    flaky="",
+    internal="",
+    internal_alone="1",
 ):
     for name, text in (("compute-sanitizer", FAKE_SANITIZER), ("cases", FAKE_CASES)):
         path = tmp_path / name
@@ -53,6 +66,8 @@ def _run(
     env |= {"FAKE_PY": str(tmp_path / "cases"), "FAKE_ERRORS": errors, "FAKE_CRASH": crash}
     env["FAKE_TRAIL"] = trail
     env["FAKE_SLOW"] = slow
+    env["FAKE_FLAKY"] = flaky
+    env |= {"FAKE_INTERNAL": internal, "FAKE_INTERNAL_ALONE": internal_alone}
     if seconds:
         env["SANITIZE_SECONDS"] = seconds
     if cases:
@@ -80,11 +95,27 @@ def test_a_tool_crash_is_reported_by_case_and_the_rest_still_run(tmp_path, shard
     for tool in ("memcheck", "racecheck", "synccheck"):
         log = (out / f"{tool}.log").read_text()
         started = [line.split()[1] for line in log.splitlines() if line.startswith("case ")]
-        assert started == ["0", "1", "2", "3", "4", "5"]  # each case once, none skipped
+        assert started == ["0", "1", "2", "2", "3", "4", "4", "5"]  # a crashed case again, alone
         crashes = [line for line in log.splitlines() if line.startswith("CRASH")]
         assert [c.split()[3] for c in crashes] == ["2", "4"]
     summary = (out / "summary.txt").read_text()
     assert summary.count("CRASH in case 2") == 3 and "ERROR SUMMARY: 0 errors" in summary
+
+
+@pytest.mark.parametrize("shards", [None, "2"])
+def test_a_case_the_tool_died_in_passes_when_it_runs_clean_alone(tmp_path, shards):
+    status, out = _run(tmp_path, crash="", flaky="1 4", tools="memcheck", shards=shards)
+    log = (out / "memcheck.log").read_text()
+    started = [line.split()[1] for line in log.splitlines() if line.startswith("case ")]
+    assert sorted(started) == ["0", "1", "1", "2", "3", "4", "4", "5"]
+    assert status == 0 and "CRASH" not in log
+    summary = (out / "summary.txt").read_text()
+    assert summary.count("TOOL DIED") == 2
+    assert "exit status 0 (case 1 alone)" in summary and "exit status 0 (case 4 alone)" in summary
+    status, out = _run(tmp_path, crash="4", flaky="1", tools="memcheck")  # dies alone too
+    assert status == 1 and "CRASH in case 4 (exit status 139, alone too)" in (
+        out / "memcheck.log"
+    ).read_text()
 
 
 def test_a_clean_run_passes_and_reported_errors_fail_it(tmp_path):
@@ -123,3 +154,15 @@ def test_a_range_of_the_cases(tmp_path, shards):
     log = (out / "memcheck.log").read_text()
     started = [line.split()[1] for line in log.splitlines() if line.startswith("case ")]
     assert status == 0 and started == ["2", "3", "4"]
+
+
+def test_an_internal_error_of_the_tool_reruns_its_case_alone(tmp_path):
+    status, out = _run(tmp_path, crash="", internal="3", tools="racecheck")
+    log = (out / "racecheck.log").read_text()
+    assert "ERROR SUMMARY: 1 errors" in log  # counted by the tool, discounted once rerun clean
+    assert "TOOL ERROR in case 3 (Internal Sanitizer Error); case 3 again, alone:" in log
+    assert status == 0 and "exit status 0 (case 3 alone)" in log
+    status, out = _run(tmp_path, crash="", internal="3", internal_alone="0", tools="racecheck")
+    assert status == 1  # the internal error again alone: not a clean run
+    status, out = _run(tmp_path, errors="1", internal="3", crash="", tools="racecheck")
+    assert status == 1  # a report on a kernel beside an internal error still fails
