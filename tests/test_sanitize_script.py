@@ -113,9 +113,10 @@ def test_a_case_the_tool_died_in_passes_when_it_runs_clean_alone(tmp_path, shard
     assert summary.count("TOOL DIED") == 2
     assert "exit status 0 (case 1 alone)" in summary and "exit status 0 (case 4 alone)" in summary
     status, out = _run(tmp_path, crash="4", flaky="1", tools="memcheck")  # dies alone too
-    assert status == 1 and "CRASH in case 4 (exit status 139, alone too)" in (
-        out / "memcheck.log"
-    ).read_text()
+    assert (
+        status == 1
+        and "CRASH in case 4 (exit status 139, alone too)" in (out / "memcheck.log").read_text()
+    )
 
 
 def test_a_clean_run_passes_and_reported_errors_fail_it(tmp_path):
