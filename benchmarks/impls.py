@@ -216,20 +216,20 @@ def _ours_quantized(fmt: str):
 
 def qarray_parts(w: quant.QuantizedWeight, scale_dtype) -> tuple[jax.Array, jax.Array]:
     """(qvalue, scale) of the qwix QArray equal to `w`: qvalue [E, K, N] in the stored element
-    type, scale [E, K / tile_k, N] in `scale_dtype` (qwix's dequantised dtype), so that
+    type (fp8 values transposed from their N-major storage), scale [E, K / tile_k, N] in `scale_dtype` (qwix's dequantised dtype), so that
     w[e, k, n] = qvalue[e, k, n] · scale[e, k // tile_k, n]. tokamax's Hopper kernel takes scales
     that tile K only, so fp8_block's 128 x 128 block scales repeat along N (N and K must be
     multiples of 128 then) and mxfp4's codes unpack to float4_e2m1fn with 2^(e8m0 − 127) scales."""
     if w.fmt == "fp8":
-        return w.values, w.scales[:, None, :].astype(scale_dtype)
+        return jnp.swapaxes(w.values, 1, 2), w.scales[:, None, :].astype(scale_dtype)
     if w.fmt == "fp8_block":
-        _, k, n = w.values.shape
+        _, k, n = w.shape
         if k % quant.FP8_BLOCK or n % quant.FP8_BLOCK:
             raise Skip(f"fp8_block as a QArray needs K and N multiples of 128 (K={k}, N={n})")
         scales = w.scales
         if scales.shape[2] != n:
             scales = jnp.repeat(scales, quant.FP8_BLOCK, axis=2)
-        return w.values, scales.astype(scale_dtype)
+        return jnp.swapaxes(w.values, 1, 2), scales.astype(scale_dtype)
     codes = quant.mxfp4_codes(w.values)
     qvalue = jnp.asarray(quant.E2M1)[codes].astype(jnp.float4_e2m1fn)
     scale = jnp.ldexp(jnp.ones(w.scales.shape, jnp.float32), w.scales.astype(jnp.int32) - 127)

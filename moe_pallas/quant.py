@@ -4,14 +4,19 @@
 A quantised expert weight takes the place of a `[E, K, N]` array (`w_gate_up`, `w_down`) in the
 params of `moe_experts`, `ragged_dot` and the `MoE` layer's forward. Its logical value w[e, k, n]:
 
-  - "fp8": values float8_e4m3fn [E, K, N], scales float32 [E, N] (one per output channel):
-        w[e, k, n] = values[e, k, n] · scales[e, n]
-  - "fp8_block": values float8_e4m3fn [E, K, N], scales float32 [E, ceil(K/128), ceil(N/128)]
-    (DeepSeek-V3's `weight_scale_inv`, transposed to the [K, N] layout):
-        w[e, k, n] = values[e, k, n] · scales[e, k // 128, n // 128]
+  - "fp8": values float8_e4m3fn [E, N, K] (N-major: each output channel's K values contiguous,
+    as checkpoints store their [out, in] matrices), scales float32 [E, N] (one per output
+    channel):
+        w[e, k, n] = values[e, n, k] · scales[e, n]
+  - "fp8_block": values float8_e4m3fn [E, N, K] as "fp8", scales float32
+    [E, ceil(K/128), ceil(N/128)] (DeepSeek-V3's `weight_scale_inv`, transposed):
+        w[e, k, n] = values[e, n, k] · scales[e, k // 128, n // 128]
     or scales [E, ceil(K/128), N], one per column and 128-row block, w = values · scales[e,
     k // 128, n] (the loader's form for a gate|up pair whose halves do not fill whole 128-column
     blocks; the two forms coincide at N = 1).
+    Why N-major: a kernel tile of one output column's K values is contiguous bytes, which the
+    16-row tensor-core fragment reads 4 at a time (K-major bytes are read one by one: on the
+    H200 the [K, N] layout's gmm ran 1.2-1.8x slower at 2 rows per expert).
   - "mxfp4" (OCP microscaling, as gpt-oss publishes its experts): values uint8 [E, K/2, N], two
     e2m1 codes per byte, scales uint8 [E, K/32, N] (e8m0: 2^(code − 127), one per 32 values of K):
         w[e, k, n] = e2m1(code[e, k, n]) · 2^(scales[e, k // 32, n] − 127)
@@ -64,8 +69,11 @@ class QuantizedWeight:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        e, k, n = self.values.shape
-        return (e, 2 * k, n) if self.fmt == "mxfp4" else (e, k, n)
+        if self.fmt == "mxfp4":
+            e, half_k, n = self.values.shape
+            return (e, 2 * half_k, n)
+        e, n, k = self.values.shape
+        return (e, k, n)
 
     @property
     def ndim(self) -> int:
@@ -118,11 +126,13 @@ def mxfp4_codes(values):
 
 @functools.partial(jax.jit, static_argnames="dtype")
 def _dequantize(qw: QuantizedWeight, dtype) -> jax.Array:
-    if qw.fmt == "fp8":
-        w = qw.values.astype(jnp.float32) * qw.scales.astype(jnp.float32)[:, None, :]
-    elif qw.fmt == "fp8_block":
-        _, k, n = qw.values.shape
-        w = qw.values.astype(jnp.float32) * _expand_blocks(qw.scales.astype(jnp.float32), k, n)
+    if qw.fmt in ("fp8", "fp8_block"):
+        values = jnp.swapaxes(qw.values, 1, 2).astype(jnp.float32)  # [E, K, N]
+        _, k, n = values.shape
+        if qw.fmt == "fp8":
+            w = values * qw.scales.astype(jnp.float32)[:, None, :]
+        else:
+            w = values * _expand_blocks(qw.scales.astype(jnp.float32), k, n)
     else:
         values = jnp.asarray(E2M1)[mxfp4_codes(qw.values)]
         exps = jnp.repeat(qw.scales.astype(jnp.int32) - 127, MX_BLOCK, axis=1)
@@ -131,8 +141,9 @@ def _dequantize(qw: QuantizedWeight, dtype) -> jax.Array:
 
 
 def _fp8_values(w, scale):
+    """[E, K, N] weights over their scales -> e4m3 values stored N-major, [E, N, K]."""
     q = jnp.clip(w / scale, -FP8_MAX, FP8_MAX)
-    return q.astype(jnp.float8_e4m3fn)
+    return jnp.swapaxes(q.astype(jnp.float8_e4m3fn), 1, 2)
 
 
 def _safe_scale(absmax):

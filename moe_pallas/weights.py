@@ -226,9 +226,9 @@ def _fp8_dense(weight, scale, dtype):
 
 def _stack_fp8(parts, inter, dtype, fp8) -> quant.QuantizedWeight:
     """Per expert the ([out, in] values, [out/128, in/128] factors) of each part (gate and up, or
-    down), transposed to `quant`'s "fp8_block" [E, K, N] and [E, K/128, N/128] layout, the parts
-    concatenated along N; where I is not a multiple of 128, the up half's columns start inside a
-    block, and the factors are stored per column, [E, K/128, N]."""
+    down) in `quant`'s "fp8_block" layout: values as stored, [E, N, K], factors transposed,
+    [E, K/128, N/128], the parts concatenated along N; where I is not a multiple of 128, the up
+    half's columns start inside a block, and the factors are stored per column, [E, K/128, N]."""
     if not all(fp8):
         raise ValueError(
             "an expert mixes FP8 and float weights; pass dequantize=True to load it dense."
@@ -239,7 +239,7 @@ def _stack_fp8(parts, inter, dtype, fp8) -> quant.QuantizedWeight:
         s = s.T
         return jnp.repeat(s, _FP8_BLOCK, axis=1)[:, : v.shape[0]] if per_column else s
 
-    values = jnp.stack([jnp.concatenate([v.T for v, _ in expert], axis=1) for expert in parts])
+    values = jnp.stack([jnp.concatenate([v for v, _ in expert], axis=0) for expert in parts])
     scales = jnp.stack([jnp.concatenate([columns(*p) for p in expert], axis=1) for expert in parts])
     return quant.QuantizedWeight(values, scales, "fp8_block", jnp.dtype(dtype))
 

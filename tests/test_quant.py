@@ -52,7 +52,8 @@ def test_formats_decode_and_quantise():
             assert np.all(blocks * 2.0 ** -(np.asarray(qw.scales) - 127.0) >= 4)
             assert np.all(blocks * 2.0 ** -(np.asarray(qw.scales) - 127.0) < 8)
         else:
-            vals = np.asarray(qw.values.astype(jnp.float32), np.float64)
+            assert qw.values.shape == (2, 160, 192)  # N-major, as checkpoints store [out, in]
+            vals = np.swapaxes(np.asarray(qw.values.astype(jnp.float32), np.float64), 1, 2)
             s = np.asarray(qw.scales, np.float64)
             if fmt == "fp8":
                 want = vals * s[:, None, :]
@@ -96,13 +97,14 @@ def gmm_oracle(x, w, group_sizes, bias, activation, row_scale):
     ],
 )
 def test_gmm_quant_matches_oracle(fmt, activation, paired, monkeypatch):
-    """K = 192 (a 128-row K block and a 64-row tail; 3 x 64 for mxfp4), N = 2·80 with 32-column
-    tiles (ragged N tail), an empty group, a one-row group, rows past the groups, gathered rows.
-    paired: the byte-pair view of weights of over 2^31 bytes (at most 2^32), forced at this size."""
+    """K = 176 for fp8 (two 64-deep K steps and a 48-deep tail, across two 128-row scale
+    blocks; 3 x 64 for mxfp4, which has no K tail), N = 2·80 with 32-column tiles (ragged N
+    tail), an empty group, a one-row group, rows past the groups, gathered rows. paired: the
+    byte-pair view of weights of over 2^31 bytes (at most 2^32), forced at this size."""
     if paired:
         monkeypatch.setattr(gmm_quant_module, "PAIRED_MIN_ELEMENTS", 0)
     rng = np.random.default_rng()
-    e, k, n, m = 4, 192, 160, 30
+    e, k, n, m = 4, 192 if fmt == "mxfp4" else 176, 160, 30
     n_out = n // 2 if activation else n
     w = jnp.asarray(rng.standard_normal((e, k, n)) / np.sqrt(k), jnp.bfloat16)
     qw = quant.quantize_weight(w, fmt)
@@ -336,13 +338,13 @@ def test_e4m3_ptx_decodes_every_byte():
         np.testing.assert_array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
 
 
-def test_paired_view_needs_even_columns(monkeypatch):
-    """Weights read as byte pairs (over 2^31 bytes, forced here) with an odd N: a ValueError
-    naming N and the fix, not a misread column."""
+def test_paired_view_needs_an_even_k(monkeypatch):
+    """fp8 weights read as byte pairs along K (over 2^31 bytes, forced here) with an odd K: a
+    ValueError naming K and the fix, not a misread byte."""
     monkeypatch.setattr(gmm_quant_module, "PAIRED_MIN_ELEMENTS", 0)
-    qw = quant.quantize_weight(jnp.ones((2, 64, 33), jnp.bfloat16), "fp8")
-    with pytest.raises(ValueError, match="even N.*N=33"):
-        gmm_quant(jnp.ones((4, 64), jnp.bfloat16), qw, jnp.array([2, 2], jnp.int32))
+    qw = quant.quantize_weight(jnp.ones((2, 33, 64), jnp.bfloat16), "fp8")
+    with pytest.raises(ValueError, match="even K.*K=33"):
+        gmm_quant(jnp.ones((4, 33), jnp.bfloat16), qw, jnp.array([2, 2], jnp.int32))
 
 
 @FULL_SHAPES
@@ -381,14 +383,14 @@ def test_gptoss_sized_quantised_layer(fmt):
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 def test_swiglu256_sized_quantised_weights(fmt):
     """SwiGLU-256's gate_up as stored: fp8 values [256, 4096, 4096] are 2^32 bytes, past int32
-    element offsets (read as byte pairs), mxfp4's [256, 2048, 4096] are 2^31 (int32 offsets,
+    element offsets (read as byte pairs along K), mxfp4's [256, 2048, 4096] are 2^31 (int32 offsets,
     just). Random stored bytes (no dense weight is quantised: its float32 temporaries would be
     tens of GiB); rows of the first and the last experts (offsets near 0 and near the end)
     against float64 products with each hit expert's exactly decoded weight."""
     e, h, n = 256, 4096, 4096
     keys = jax.random.split(jax.random.key(0), 3)
     if fmt == "fp8":  # bit 0 cleared: no NaN codes (0x7F, 0xFF)
-        values = jax.random.bits(keys[0], (e, h, n), jnp.uint8) & 0xFE
+        values = jax.random.bits(keys[0], (e, n, h), jnp.uint8) & 0xFE
         values = jax.lax.bitcast_convert_type(values, jnp.float8_e4m3fn)
         scales = jax.random.uniform(keys[1], (e, n), jnp.float32, 1e-4, 1e-3)
     else:

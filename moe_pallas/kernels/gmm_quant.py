@@ -24,18 +24,20 @@ float32-accumulated product with the exactly decoded weights up to float32 summa
 Tiling. As `kernels.gmm`: a 1-D grid of (visit, n-tile) pairs over `dispatch.tile_schedule`'s
 visits, the in-kernel row gather, one compiled path per tile height (`BlockConfig.m_paths`), K
 and N tails masked. No `tail_m` second dot and no transposed weights: the backward's products
-with wᵀ dequantise per call (`moe_pallas.backends`). fp8 values are loaded as bytes (a masked
+with wᵀ dequantise per call (`moe_pallas.backends`). fp8 values are stored N-major ([E, N, K],
+`moe_pallas.quant`): a tile is [block_n, block_k] bytes with K contiguous, fed to the dot as its
+transposed second operand, so the 16-row tensor-core fragment reads 4 bytes of K per shared-
+memory load where the [K, N] layout read each byte alone. They are loaded as bytes (a masked
 fp8 load's fill value does not lower in Triton 3.6) and decoded in registers by bit placement
 (`_e4m3`, as e2m1's `_e2m1`): both decodes run on the integer and bf16x2 pipes, not on the
 quarter-rate conversion pipe, which is what bounds an in-kernel decode of a memory-bound gmm.
 
 Offsets. Pallas addresses an array in int32 element offsets unless it spans more than 2^32
 bytes, so a byte array of more than 2^31 elements, up to 2^32 (fp8 SwiGLU-256 gate_up,
-[256, 4096, 4096]), would overflow them. Such values are read as uint16 [E, rows, N/2] byte
-pairs (half the elements, the same bytes): the even and odd columns of a tile then load as one
-pair tile, split into bytes in registers, and multiply as two half-width dots whose accumulators
-are interleaved again before the epilogue (gpt-oss's interleaved gate and up columns are exactly
-the two halves). N (and for SwiGLU N/2) must be even there.
+[256, 4096, 4096]), would overflow them. Such fp8 values are read as uint16 [E, N, K/2] byte
+pairs along K (half the elements, the same bytes): a pair tile splits into its even-K and odd-K
+bytes in registers, which multiply as two half-depth dots against x's even and odd columns. K
+must be even there.
 """
 
 import dataclasses
@@ -218,28 +220,21 @@ def _kernel(
     else:
         blocks = ((n0, bn, None if n_mask is None else n_out - n0),)
 
-    def parts(c0, width, valid):
-        """The column sets a block's weights load as: (columns, mask) of the whole block, or
-        in the paired view its even and odd columns (one byte each of the uint16 pairs)."""
-        if not paired:
-            mask = None if valid is None else jnp.arange(width, dtype=jnp.int32) < valid
-            return [(pl.ds(c0, width), mask)]
-        half = width // 2
-        mask = None if valid is None else jnp.arange(half, dtype=jnp.int32) < valid // 2
-        evens = c0 + 2 * jnp.arange(half, dtype=jnp.int32)
-        return [(evens + parity, mask) for parity in (0, 1)]
+    def col_mask(width, valid):
+        return None if valid is None else jnp.arange(width, dtype=jnp.int32) < valid
 
-    def load_bytes(row0, rows, c0, width, valid, k_mask=None):
-        """uint8 weight bytes [rows, cols] per part (see `parts`)."""
-        col_mask = parts(c0, width, valid)[0][1]  # the same for both parts
+    def load_values(c0, width, valid, k0, depth, k_mask=None):
+        """A weight tile: mxfp4 byte rows [depth, width] of [E, K/2, N]; fp8 bytes (or in the
+        paired view uint16 byte pairs along K) [width, depth] of the N-major [E, N, K]."""
+        c_mask = col_mask(width, valid)
+        if fmt == "mxfp4":
+            mask = None if c_mask is None else c_mask[None, :]
+            return _load(values_ref.at[g, pl.ds(k0, depth), pl.ds(c0, width)], mask)
         mask = _and(
-            None if k_mask is None else k_mask[:, None],
-            None if col_mask is None else col_mask[None, :],
+            None if c_mask is None else c_mask[:, None],
+            None if k_mask is None else k_mask[None, :],
         )
-        if not paired:
-            return [_load(values_ref.at[g, pl.ds(row0, rows), pl.ds(c0, width)], mask)]
-        pair = _load(values_ref.at[g, pl.ds(row0, rows), pl.ds(c0 // 2, width // 2)], mask)
-        return [(pair & 0xFF).astype(jnp.uint8), (pair >> 8).astype(jnp.uint8)]
+        return _load(values_ref.at[g, pl.ds(c0, width), pl.ds(k0, depth)], mask)
 
     def masks(h):
         rows = m0 + jnp.arange(h, dtype=jnp.int32)
@@ -258,28 +253,32 @@ def _kernel(
         row_ok, out_mask = masks(h)
         src = _load(row_index_ref.at[pl.ds(m0, h)], row_ok) if gather else None
 
-        def lhs_tile(k0, depth, k_mask):
-            ks = k0 + jnp.arange(depth, dtype=jnp.int32)
+        def lhs_tile(k0, depth, k_mask, stride=1):
+            """lhs[rows, k0 + stride · j] for j < depth."""
+            ks = k0 + stride * jnp.arange(depth, dtype=jnp.int32)
             a_mask = _and(row_ok[:, None], None if k_mask is None else k_mask[None, :])
             if gather:
                 return _load(lhs_ref.at[src[:, None], ks[None, :]], a_mask).astype(compute_dtype)
+            if stride > 1:
+                rows = m0 + jnp.arange(h, dtype=jnp.int32)
+                return _load(lhs_ref.at[rows[:, None], ks[None, :]], a_mask).astype(compute_dtype)
             return _load(lhs_ref.at[pl.ds(m0, h), pl.ds(k0, depth)], a_mask).astype(compute_dtype)
 
         def mx_step(r0, s_row, accs):
             """One 32-byte-row sub-block: k = r0.. (low nibbles) and K/2 + r0.. (high)."""
             a_lo, a_hi = lhs_tile(r0, MX_BLOCK, None), lhs_tile(k_dim // 2 + r0, MX_BLOCK, None)
-            new = [list(acc) for acc in accs]
-            for c, block in enumerate(blocks):
-                q_parts = load_bytes(r0, MX_BLOCK, *block)
-                for part, (q, (cols, mask)) in enumerate(zip(q_parts, parts(*block))):
-                    s_lo, s_hi = (
-                        _e8m0(_load(scales_ref.at[g, row, cols], mask))
-                        for row in (s_row, k_dim // (2 * MX_BLOCK) + s_row)
-                    )
-                    w_lo, w_hi = (_e2m1(q, n).astype(compute_dtype) for n in ("low", "high"))
-                    lo, hi = plgpu.dot(a_lo, w_lo), plgpu.dot(a_hi, w_hi)
-                    new[c][part] = new[c][part] + lo * s_lo[None, :] + hi * s_hi[None, :]
-            return tuple(tuple(acc) for acc in new)
+            new = list(accs)
+            for c, (c0, width, valid) in enumerate(blocks):
+                q = load_values(c0, width, valid, r0, MX_BLOCK)
+                cols, mask = pl.ds(c0, width), col_mask(width, valid)
+                s_lo, s_hi = (
+                    _e8m0(_load(scales_ref.at[g, row, cols], mask))
+                    for row in (s_row, k_dim // (2 * MX_BLOCK) + s_row)
+                )
+                w_lo, w_hi = (_e2m1(q, n).astype(compute_dtype) for n in ("low", "high"))
+                lo, hi = plgpu.dot(a_lo, w_lo), plgpu.dot(a_hi, w_hi)
+                new[c] = new[c] + lo * s_lo[None, :] + hi * s_hi[None, :]
+            return tuple(new)
 
         def mx_body(i, accs):
             for u in range(unroll):
@@ -287,25 +286,40 @@ def _kernel(
             return accs
 
         def fp8_body(i, accs):
+            """acc += x[:, k0:k0+bk] @ wᵀ-tile: the N-major tile [width, bk] decoded and fed to
+            the dot transposed; in the paired view the even and odd K of each byte pair as two
+            half-depth dots against x's even and odd columns."""
             k0 = i * bk
-            k_mask = (k0 + jnp.arange(bk, dtype=jnp.int32)) < k_dim if k_dim % bk else None
-            a = lhs_tile(k0, bk, k_mask)
-            new = [list(acc) for acc in accs]
-            for c, block in enumerate(blocks):
-                b_parts = load_bytes(k0, bk, *block, k_mask=k_mask)
-                for part, (b, (cols, mask)) in enumerate(zip(b_parts, parts(*block))):
-                    b = _e4m3(b, compute_dtype)
-                    d = plgpu.dot(a, b)
-                    if fmt == "fp8_block":
-                        d = d * _load(scales_ref.at[g, k0 // FP8_BLOCK, cols], mask)[None, :]
-                    new[c][part] = new[c][part] + d
-            return tuple(tuple(acc) for acc in new)
+            depth = bk // 2 if paired else bk
+            k_mask = None
+            if k_dim % bk:
+                k_mask = (k0 + (1 + paired) * jnp.arange(depth, dtype=jnp.int32)) < k_dim
+            if paired:
+                a_parts = [lhs_tile(k0 + parity, depth, k_mask, stride=2) for parity in (0, 1)]
+            else:
+                a_parts = [lhs_tile(k0, depth, k_mask)]
+            new = list(accs)
+            for c, (c0, width, valid) in enumerate(blocks):
+                q = load_values(c0, width, valid, k0 // 2 if paired else k0, depth, k_mask)
+                q_parts = (
+                    [(q & 0xFF).astype(jnp.uint8), (q >> 8).astype(jnp.uint8)] if paired else [q]
+                )
+                d = None
+                for a, q_part in zip(a_parts, q_parts):
+                    part = plgpu.dot(a, _e4m3(q_part, compute_dtype), trans_b=True)
+                    d = part if d is None else d + part
+                if fmt == "fp8_block":
+                    d = (
+                        d
+                        * _load(
+                            scales_ref.at[g, k0 // FP8_BLOCK, pl.ds(c0, width)],
+                            col_mask(width, valid),
+                        )[None, :]
+                    )
+                new[c] = new[c] + d
+            return tuple(new)
 
-        n_parts = 2 if paired else 1
-        accs = tuple(
-            tuple(jnp.zeros((h, width // n_parts), jnp.float32) for _ in range(n_parts))
-            for _, width, _ in blocks
-        )
+        accs = tuple(jnp.zeros((h, width), jnp.float32) for _, width, _ in blocks)
         if fmt == "mxfp4":
             sub_blocks = k_dim // (2 * MX_BLOCK)
             accs = jax.lax.fori_loop(0, sub_blocks // unroll, mx_body, accs)
@@ -326,18 +340,11 @@ def _kernel(
             return acc
 
         accs = [
-            [epilogue(acc, cols, mask) for acc, (cols, mask) in zip(block_accs, parts(*block))]
-            for block_accs, block in zip(accs, blocks)
+            epilogue(acc, pl.ds(c0, width), col_mask(width, valid))
+            for acc, (c0, width, valid) in zip(accs, blocks)
         ]
         if activation == "gptoss":  # gate and up columns interleave: the even and odd ones
-            [block_accs] = accs
-            if paired:
-                gate, up = block_accs
-            else:
-                gate, up = jnp.unstack(block_accs[0].reshape(h, bn, 2), axis=-1)
-            accs = [gate, up]
-        else:  # whole blocks: the paired view's even and odd columns interleaved again
-            accs = [jnp.stack(ba, axis=-1).reshape(h, -1) if paired else ba[0] for ba in accs]
+            accs = jnp.unstack(accs[0].reshape(h, bn, 2), axis=-1)
         out = glu(accs[0], accs[1], activation) if activation else accs[0]
         if has_row_scale:
             scale = _load(row_scale_ref.at[pl.ds(m0, h)], row_ok)
@@ -404,17 +411,16 @@ def gmm_quant(
     values, scales = rhs.values, rhs.scales
     if fmt != "mxfp4":  # fp8 travels as bytes: a masked fp8 load's fill value does not lower
         values = jax.lax.bitcast_convert_type(values, jnp.uint8)
-    paired = PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (module docstring, Offsets)
+    paired = fmt != "mxfp4" and PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (Offsets)
     if paired:
-        if n_dim % 2 or (activation == "swiglu" and n_out % 2):
+        if k_dim % 2:
             raise ValueError(
                 f"{fmt} weights of {values.size} bytes (over 2^31, at most 2^32) are read as "
-                "byte pairs along N, which needs an even N (and for swiglu an even N/2); got "
-                f"N={n_dim}. "
-                "Pad the weight's N or use the bf16 weights (dequantize_experts)."
+                f"byte pairs along K, which needs an even K; got K={k_dim}. Pad the weight's K "
+                "or use the bf16 weights (dequantize_experts)."
             )
-        e, r, n = values.shape
-        values = jax.lax.bitcast_convert_type(values.reshape(e, r, n // 2, 2), jnp.uint16)
+        e, n, k = values.shape
+        values = jax.lax.bitcast_convert_type(values.reshape(e, n, k // 2, 2), jnp.uint16)
     if fmt == "fp8_block" and scales.shape[2] != n_dim:  # per column (module docstring)
         scales = jnp.repeat(scales.astype(jnp.float32), FP8_BLOCK, axis=2)[:, :, :n_dim]
     sched = dispatch.tile_schedule(
