@@ -14,14 +14,15 @@ params of `moe_experts`, `ragged_dot` and the `MoE` layer's forward. Its logical
     or scales [E, ceil(K/128), N], one per column and 128-row block, w = values · scales[e,
     k // 128, n] (the loader's form for a gate|up pair whose halves do not fill whole 128-column
     blocks; the two forms coincide at N = 1).
-    Why N-major: a kernel tile of one output column's K values is contiguous bytes, which the
-    16-row tensor-core fragment reads 4 at a time (K-major bytes are read one by one: on the
-    H200 the [K, N] layout's gmm ran 1.2-1.8x slower at 2 rows per expert).
-  - "mxfp4" (OCP microscaling, as gpt-oss publishes its experts): values uint8 [E, K/2, N], two
-    e2m1 codes per byte, scales uint8 [E, K/32, N] (e8m0: 2^(code − 127), one per 32 values of K):
-        w[e, k, n] = e2m1(code[e, k, n]) · 2^(scales[e, k // 32, n] − 127)
-    Byte row r holds k = r in its low nibble and k = r + K/2 in its high nibble, so a kernel tile
-    of byte rows is two plain dots against two column slices of x, no interleave; K must be a
+    Why N-major (also "mxfp4"'s): a kernel tile of one output column's K values is contiguous
+    bytes, which the 16-row tensor-core fragment reads 4 at a time (K-major bytes are read one
+    by one: on the H200 the fp8 gmm in [K, N] ran 1.2-1.8x slower at 2 rows per expert).
+  - "mxfp4" (OCP microscaling, as gpt-oss publishes its experts): values uint8 [E, N, K/2]
+    (N-major, as fp8's), two e2m1 codes per byte, scales uint8 [E, K/32, N] (e8m0:
+    2^(code − 127), one per 32 values of K):
+        w[e, k, n] = e2m1(code[e, n, k]) · 2^(scales[e, k // 32, n] − 127)
+    Byte (n, r) holds k = r in its low nibble and k = r + K/2 in its high nibble, so a kernel
+    tile of bytes is two plain dots against two column slices of x, no interleave; K must be a
     multiple of 64. e2m1 code bits: sign 3, exponent 2-1 (bias 1, 0 subnormal), mantissa 0:
     codes 0-7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6.
 
@@ -69,11 +70,8 @@ class QuantizedWeight:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        if self.fmt == "mxfp4":
-            e, half_k, n = self.values.shape
-            return (e, 2 * half_k, n)
         e, n, k = self.values.shape
-        return (e, k, n)
+        return (e, 2 * k if self.fmt == "mxfp4" else k, n)
 
     @property
     def ndim(self) -> int:
@@ -119,9 +117,9 @@ def _expand_blocks(scales, k, n):
 
 
 def mxfp4_codes(values):
-    """uint8 [E, K/2, N] -> int32 e2m1 codes [E, K, N] (low nibbles first, module layout)."""
+    """uint8 [E, N, K/2] -> int32 e2m1 codes [E, K, N] (low nibbles first, module layout)."""
     v = values.astype(jnp.int32)
-    return jnp.concatenate([v & 0xF, v >> 4], axis=1)
+    return jnp.swapaxes(jnp.concatenate([v & 0xF, v >> 4], axis=2), 1, 2)
 
 
 @functools.partial(jax.jit, static_argnames="dtype")
@@ -194,7 +192,7 @@ def _quantize(w, fmt):
     code = jnp.where(absmax > 0, jnp.clip(exp - 1 - 2 + 127, 0, 254), 0)
     scaled = jnp.ldexp(blocks, 127 - code[:, :, None, :]).reshape(e, k, n)
     codes = _e2m1_codes(scaled)
-    packed = codes[:, : k // 2] | (codes[:, k // 2 :] << 4)
+    packed = jnp.swapaxes(codes[:, : k // 2] | (codes[:, k // 2 :] << 4), 1, 2)  # [E, N, K/2]
     return QuantizedWeight(packed.astype(jnp.uint8), code.astype(jnp.uint8), fmt, w.dtype)
 
 

@@ -122,12 +122,11 @@ def _dequantize_mxfp4(
 @jax.jit
 def _mxfp4_stored(blocks, scales):
     """gpt-oss's blocks [E, N, K/32, 16] / scales [E, N, K/32] -> `quant`'s "mxfp4" values
-    [E, K/2, N] (byte row r: k = r low nibble, k = r + K/2 high) and scales [E, K/32, N]:
+    [E, N, K/2] (byte (n, r): k = r low nibble, k = r + K/2 high) and scales [E, K/32, N]:
     integer ops only, the codes unchanged."""
     codes = jnp.stack([blocks & 0xF, blocks >> 4], axis=-1).reshape(*blocks.shape[:2], -1)
-    codes = jnp.swapaxes(codes, 1, 2)  # [E, K, N]
-    half = codes.shape[1] // 2
-    return codes[:, :half] | (codes[:, half:] << 4), jnp.swapaxes(scales, 1, 2)
+    half = codes.shape[2] // 2  # codes [E, N, K]
+    return codes[:, :, :half] | (codes[:, :, half:] << 4), jnp.swapaxes(scales, 1, 2)
 
 
 def _stored_mxfp4(tensors, prefix, name, shape, dtype) -> quant.QuantizedWeight:

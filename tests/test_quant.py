@@ -43,7 +43,8 @@ def test_formats_decode_and_quantise():
         assert qw.shape == w.shape and qw.dtype == jnp.bfloat16
         dense = np.asarray(qw.dequantize(jnp.float32), np.float64)
         if fmt == "mxfp4":
-            v = np.asarray(qw.values).astype(np.int64)
+            assert qw.values.shape == (2, 160, 96)  # N-major, K/2 bytes
+            v = np.swapaxes(np.asarray(qw.values).astype(np.int64), 1, 2)
             codes = np.concatenate([v & 15, v >> 4], axis=1)
             scales = np.repeat(np.asarray(qw.scales).astype(np.int64) - 127, 32, axis=1)
             want = e2m1_oracle(codes) * 2.0**scales
@@ -394,7 +395,7 @@ def test_swiglu256_sized_quantised_weights(fmt):
         values = jax.lax.bitcast_convert_type(values, jnp.float8_e4m3fn)
         scales = jax.random.uniform(keys[1], (e, n), jnp.float32, 1e-4, 1e-3)
     else:
-        values = jax.random.bits(keys[0], (e, h // 2, n), jnp.uint8)
+        values = jax.random.bits(keys[0], (e, n, h // 2), jnp.uint8)
         scales = jax.random.randint(keys[1], (e, h // 32, n), 118, 124).astype(jnp.uint8)
     w = quant.QuantizedWeight(values, scales, fmt, jnp.bfloat16)
     experts = [0, 1, 127, 128, 200, 254, 255]

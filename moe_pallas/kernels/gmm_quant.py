@@ -11,10 +11,10 @@ Each format puts its scale where it costs least:
     K step's partial dot is scaled: acc += dot(x, q) · s[k0 // 128, n]. [E, K/128, N/128]
     scales are widened to per-column [E, K/128, N] per call (1/32 of the fp8 bytes), so a tile
     needs no alignment to the 128-column blocks (SwiGLU's up half starts at column I).
-  - "mxfp4": a scale per 32 values of K: each 32-byte-row sub-block r0.. holds k = r0..r0+31
-    (low nibbles) and k = K/2 + r0.. (high nibbles); both decode to bf16 by bit placement
-    (`_e2m1`: inline PTX on the GPU, 3 integer or bf16x2 instructions a value) and the two
-    [rows, 32] x [32, n] partial dots are scaled by their power of two per column:
+  - "mxfp4": a scale per 32 values of K: each sub-block of 32 bytes of K, r0.., holds
+    k = r0..r0+31 (low nibbles) and k = K/2 + r0.. (high nibbles); both decode to bf16 by bit
+    placement (`_e2m1`: inline PTX on the GPU, 3 integer or bf16x2 instructions a value) and the
+    two [rows, 32] x [32, n] partial dots are scaled by their power of two per column:
     acc += dot(x[:, k_lo], lo) · 2^(s_lo − 127) + dot(x[:, k_hi], hi) · 2^(s_hi − 127).
     A loop step takes block_k / 64 sub-blocks (more weight bytes in flight per step); K is a
     multiple of 64, so there is no K tail.
@@ -24,10 +24,10 @@ float32-accumulated product with the exactly decoded weights up to float32 summa
 Tiling. As `kernels.gmm`: a 1-D grid of (visit, n-tile) pairs over `dispatch.tile_schedule`'s
 visits, the in-kernel row gather, one compiled path per tile height (`BlockConfig.m_paths`), K
 and N tails masked. No `tail_m` second dot and no transposed weights: the backward's products
-with wᵀ dequantise per call (`moe_pallas.backends`). fp8 values are stored N-major ([E, N, K],
-`moe_pallas.quant`): a tile is [block_n, block_k] bytes with K contiguous, fed to the dot as its
-transposed second operand, so the 16-row tensor-core fragment reads 4 bytes of K per shared-
-memory load where the [K, N] layout read each byte alone. They are loaded as bytes (a masked
+with wᵀ dequantise per call (`moe_pallas.backends`). Values are stored N-major ([E, N, K], mxfp4
+[E, N, K/2]; `moe_pallas.quant`): a tile is [block_n, K depth] bytes with K contiguous, fed to
+the dot as its transposed second operand, so the 16-row tensor-core fragment reads 4 bytes of K
+per shared-memory load where a [K, N] layout read each byte alone. fp8 is loaded as bytes (a masked
 fp8 load's fill value does not lower in Triton 3.6) and decoded in registers by bit placement
 (`_e4m3`, as e2m1's `_e2m1`): both decodes run on the integer and bf16x2 pipes, not on the
 quarter-rate conversion pipe, which is what bounds an in-kernel decode of a memory-bound gmm.
@@ -195,7 +195,7 @@ def _kernel(
     out_ref = next(it)
     bm, bn = cfg.block_m, cfg.block_n
     bk = cfg.block_k
-    unroll = bk // (2 * MX_BLOCK)  # mxfp4: 32-byte-row sub-blocks per loop step
+    unroll = bk // (2 * MX_BLOCK)  # mxfp4: 32-byte sub-blocks of K per loop step
 
     n_tiles = pl.cdiv(n_out, bn)
     pid = pl.program_id(0)
@@ -224,12 +224,9 @@ def _kernel(
         return None if valid is None else jnp.arange(width, dtype=jnp.int32) < valid
 
     def load_values(c0, width, valid, k0, depth, k_mask=None):
-        """A weight tile: mxfp4 byte rows [depth, width] of [E, K/2, N]; fp8 bytes (or in the
-        paired view uint16 byte pairs along K) [width, depth] of the N-major [E, N, K]."""
+        """A weight tile of the N-major values [E, N, K] (mxfp4: [E, N, K/2] bytes; the
+        paired view: uint16 byte pairs along K): [width, depth] from column c0 and K index k0."""
         c_mask = col_mask(width, valid)
-        if fmt == "mxfp4":
-            mask = None if c_mask is None else c_mask[None, :]
-            return _load(values_ref.at[g, pl.ds(k0, depth), pl.ds(c0, width)], mask)
         mask = _and(
             None if c_mask is None else c_mask[:, None],
             None if k_mask is None else k_mask[None, :],
@@ -265,7 +262,7 @@ def _kernel(
             return _load(lhs_ref.at[pl.ds(m0, h), pl.ds(k0, depth)], a_mask).astype(compute_dtype)
 
         def mx_step(r0, s_row, accs):
-            """One 32-byte-row sub-block: k = r0.. (low nibbles) and K/2 + r0.. (high)."""
+            """One sub-block of 32 bytes of K: k = r0.. (low nibbles) and K/2 + r0.. (high)."""
             a_lo, a_hi = lhs_tile(r0, MX_BLOCK, None), lhs_tile(k_dim // 2 + r0, MX_BLOCK, None)
             new = list(accs)
             for c, (c0, width, valid) in enumerate(blocks):
@@ -276,7 +273,8 @@ def _kernel(
                     for row in (s_row, k_dim // (2 * MX_BLOCK) + s_row)
                 )
                 w_lo, w_hi = (_e2m1(q, n).astype(compute_dtype) for n in ("low", "high"))
-                lo, hi = plgpu.dot(a_lo, w_lo), plgpu.dot(a_hi, w_hi)
+                lo = plgpu.dot(a_lo, w_lo, trans_b=True)
+                hi = plgpu.dot(a_hi, w_hi, trans_b=True)
                 new[c] = new[c] + lo * s_lo[None, :] + hi * s_hi[None, :]
             return tuple(new)
 
@@ -367,7 +365,7 @@ def _kernel(
 
 def _block_k(fmt: str, block_k: int) -> int:
     """K values per loop step: fp8_block at most 128 (one scale row per step); mxfp4 64, 128 or
-    256 (1, 2 or 4 sub-blocks of 32 byte rows, each scale row its own pair of dots); fp8 at most
+    256 (1, 2 or 4 sub-blocks of 32 bytes of K, each scale row its own pair of dots); fp8 at most
     256."""
     if fmt == "mxfp4":
         return min(max(block_k, 2 * MX_BLOCK), 8 * MX_BLOCK)
