@@ -239,3 +239,40 @@ def test_mosaic_gpu_default_glu_config_lowers(activation):
             lhs, rhs, sizes, bias=bias, activation=activation, out_dtype=jnp.bfloat16, config=cfg
         )
         assert lower_for_h200(fn, *args).count("mosaic_gpu_v2") == 1, (rows, cfg)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_block", "mxfp4"])
+@pytest.mark.parametrize("config", ["tiny", "small"])
+def test_quantised_gmm_lowers_to_triton(fmt, config):
+    """gmm_quant's formats at SwiGLU-256's gate_up size (fp8 values of 2^32 bytes: the byte-pair
+    view) with the GLU epilogue, at the 16-row and the 128-row table entries."""
+    from moe_pallas import quant
+    from moe_pallas.kernels.config import BlockConfig
+    from moe_pallas.kernels.gmm_quant import gmm_quant
+
+    hidden, inter, experts, top_k, _ = WORKLOADS["swiglu"]
+    k, n = hidden, 2 * inter
+    if fmt == "mxfp4":
+        values = SDS((experts, n, k // 2), jnp.uint8)
+        scales = SDS((experts, k // 32, n), jnp.uint8)
+    else:
+        values = SDS((experts, n, k), jnp.float8_e4m3fn)
+        scales = SDS((experts, n) if fmt == "fp8" else (experts, k // 128, n // 128), jnp.float32)
+    cfg = {
+        "tiny": BlockConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3),
+        "small": BlockConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
+    }[config]
+    tokens = 16 if config == "tiny" else 2048
+
+    def glu_gmm(x, values, scales, sizes, row_token):
+        w = quant.QuantizedWeight(values, scales, fmt, jnp.bfloat16)
+        return gmm_quant(x, w, sizes, lhs_row_index=row_token, activation="swiglu", config=cfg)
+
+    args = (
+        SDS((tokens, hidden), jnp.bfloat16),
+        values,
+        scales,
+        SDS((experts,), jnp.int32),
+        SDS((tokens * top_k,), jnp.int32),
+    )
+    assert triton_calls(lower_for_h200(glu_gmm, *args)) == 1

@@ -35,9 +35,8 @@ quarter-rate conversion pipe, which is what bounds an in-kernel decode of a memo
 Offsets. Pallas addresses an array in int32 element offsets unless it spans more than 2^32
 bytes, so a byte array of more than 2^31 elements, up to 2^32 (fp8 SwiGLU-256 gate_up,
 [256, 4096, 4096]), would overflow them. Such fp8 values are read as uint16 [E, N, K/2] byte
-pairs along K (half the elements, the same bytes): a pair tile splits into its even-K and odd-K
-bytes in registers, which multiply as two half-depth dots against x's even and odd columns. K
-must be even there.
+pairs along K (half the elements, the same bytes): a pair tile splits into its two bytes in
+registers, interleaved back into K order, so the dot is the unpaired one. K must be even there.
 """
 
 import dataclasses
@@ -250,15 +249,11 @@ def _kernel(
         row_ok, out_mask = masks(h)
         src = _load(row_index_ref.at[pl.ds(m0, h)], row_ok) if gather else None
 
-        def lhs_tile(k0, depth, k_mask, stride=1):
-            """lhs[rows, k0 + stride · j] for j < depth."""
-            ks = k0 + stride * jnp.arange(depth, dtype=jnp.int32)
+        def lhs_tile(k0, depth, k_mask):
+            ks = k0 + jnp.arange(depth, dtype=jnp.int32)
             a_mask = _and(row_ok[:, None], None if k_mask is None else k_mask[None, :])
             if gather:
                 return _load(lhs_ref.at[src[:, None], ks[None, :]], a_mask).astype(compute_dtype)
-            if stride > 1:
-                rows = m0 + jnp.arange(h, dtype=jnp.int32)
-                return _load(lhs_ref.at[rows[:, None], ks[None, :]], a_mask).astype(compute_dtype)
             return _load(lhs_ref.at[pl.ds(m0, h), pl.ds(k0, depth)], a_mask).astype(compute_dtype)
 
         def mx_step(r0, s_row, accs):
@@ -284,28 +279,24 @@ def _kernel(
             return accs
 
         def fp8_body(i, accs):
-            """acc += x[:, k0:k0+bk] @ wᵀ-tile: the N-major tile [width, bk] decoded and fed to
-            the dot transposed; in the paired view the even and odd K of each byte pair as two
-            half-depth dots against x's even and odd columns."""
+            """acc += x[:, k0:k0+bk] @ the weight tile: the N-major tile [width, bk] decoded and
+            fed to the dot transposed; in the paired view its [width, bk/2] byte pairs are split
+            into bytes and interleaved back into K order in registers."""
             k0 = i * bk
-            depth = bk // 2 if paired else bk
-            k_mask = None
-            if k_dim % bk:
-                k_mask = (k0 + (1 + paired) * jnp.arange(depth, dtype=jnp.int32)) < k_dim
-            if paired:
-                a_parts = [lhs_tile(k0 + parity, depth, k_mask, stride=2) for parity in (0, 1)]
-            else:
-                a_parts = [lhs_tile(k0, depth, k_mask)]
+            ks = k0 + jnp.arange(bk, dtype=jnp.int32)
+            k_mask = ks < k_dim if k_dim % bk else None
+            a = lhs_tile(k0, bk, k_mask)
             new = list(accs)
             for c, (c0, width, valid) in enumerate(blocks):
-                q = load_values(c0, width, valid, k0 // 2 if paired else k0, depth, k_mask)
-                q_parts = (
-                    [(q & 0xFF).astype(jnp.uint8), (q >> 8).astype(jnp.uint8)] if paired else [q]
-                )
-                d = None
-                for a, q_part in zip(a_parts, q_parts):
-                    part = plgpu.dot(a, _e4m3(q_part, compute_dtype), trans_b=True)
-                    d = part if d is None else d + part
+                if paired:  # K is even: a pair is in range iff its first byte is
+                    pair_ks = k0 + 2 * jnp.arange(bk // 2, dtype=jnp.int32)
+                    pair_mask = None if k_mask is None else pair_ks < k_dim
+                    pairs = load_values(c0, width, valid, k0 // 2, bk // 2, pair_mask)
+                    q = jnp.stack([pairs & 0xFF, pairs >> 8], axis=-1).reshape(width, bk)
+                    q = q.astype(jnp.uint8)
+                else:
+                    q = load_values(c0, width, valid, k0, bk, k_mask)
+                d = plgpu.dot(a, _e4m3(q, compute_dtype), trans_b=True)
                 if fmt == "fp8_block":
                     d = (
                         d
