@@ -173,27 +173,40 @@ def quantize_weight(w: jax.Array, fmt: str) -> QuantizedWeight:
     return _quantize(w, fmt)
 
 
+# Experts quantised this many at a time: the float32 temporaries of a whole SwiGLU-256 weight
+# ([256, 4096, 4096]) took 48 GiB; a chunk's are a few hundred MiB.
+QUANTIZE_CHUNK = 8
+
+
 @functools.partial(jax.jit, static_argnames="fmt")
 def _quantize(w, fmt):
-    e, k, n = w.shape
-    wf = w.astype(jnp.float32)
+    values, scales = jax.lax.map(
+        functools.partial(_quantize_one, fmt=fmt), w, batch_size=min(QUANTIZE_CHUNK, w.shape[0])
+    )
+    return QuantizedWeight(values, scales, fmt, w.dtype)
+
+
+def _quantize_one(w, fmt):
+    """One expert's [K, N] weight -> its (values, scales) in `fmt`'s stored layout."""
+    k, n = w.shape
+    wf = w.astype(jnp.float32)[None]
     if fmt == "fp8":
         scales = _safe_scale(jnp.max(jnp.abs(wf), axis=1))
-        return QuantizedWeight(_fp8_values(wf, scales[:, None, :]), scales, fmt, w.dtype)
+        return _fp8_values(wf, scales[:, None, :])[0], scales[0]
     if fmt == "fp8_block":
         kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
         padded = jnp.pad(jnp.abs(wf), ((0, 0), (0, kb * FP8_BLOCK - k), (0, nb * FP8_BLOCK - n)))
-        absmax = padded.reshape(e, kb, FP8_BLOCK, nb, FP8_BLOCK).max(axis=(2, 4))
+        absmax = padded.reshape(1, kb, FP8_BLOCK, nb, FP8_BLOCK).max(axis=(2, 4))
         scales = _safe_scale(absmax)
-        return QuantizedWeight(_fp8_values(wf, _expand_blocks(scales, k, n)), scales, fmt, w.dtype)
-    blocks = wf.reshape(e, k // MX_BLOCK, MX_BLOCK, n)
-    absmax = jnp.max(jnp.abs(blocks), axis=2)
+        return _fp8_values(wf, _expand_blocks(scales, k, n))[0], scales[0]
+    blocks = wf.reshape(k // MX_BLOCK, MX_BLOCK, n)
+    absmax = jnp.max(jnp.abs(blocks), axis=1)
     _, exp = jnp.frexp(absmax)  # absmax = m · 2^exp, m in [0.5, 1): floor(log2) = exp - 1
     code = jnp.where(absmax > 0, jnp.clip(exp - 1 - 2 + 127, 0, 254), 0)
-    scaled = jnp.ldexp(blocks, 127 - code[:, :, None, :]).reshape(e, k, n)
+    scaled = jnp.ldexp(blocks, 127 - code[:, None, :]).reshape(k, n)
     codes = _e2m1_codes(scaled)
-    packed = jnp.swapaxes(codes[:, : k // 2] | (codes[:, k // 2 :] << 4), 1, 2)  # [E, N, K/2]
-    return QuantizedWeight(packed.astype(jnp.uint8), code.astype(jnp.uint8), fmt, w.dtype)
+    packed = (codes[: k // 2] | (codes[k // 2 :] << 4)).T  # [N, K/2]
+    return packed.astype(jnp.uint8), code.astype(jnp.uint8)
 
 
 def quantize_experts(params: Mapping, fmt: str) -> dict:
