@@ -23,7 +23,8 @@ exit $rc
 """
 # Six cases; the process dies (SIGSEGV) in the cases FAKE_CRASH names, and in those FAKE_FLAKY names
 # only where it runs more than that case (compute-sanitizer died so in long processes); the tool
-# reports an internal error in those FAKE_INTERNAL names, likewise.
+# reports an internal error in those FAKE_INTERNAL names, likewise, and those FAKE_OFF names print
+# a result off their bound (as memcheck's long processes once computed).
 FAKE_CASES = """#!/usr/bin/env bash
 start=0; stop=6
 while [ $# -gt 0 ]; do
@@ -31,9 +32,12 @@ while [ $# -gt 0 ]; do
   shift
 done
 for i in $(seq $start $((stop - 1))); do
-  echo "case $i name$i"; echo "ok   1e-08  name$i"
+  echo "case $i name$i"; echo "ok   1e-08  name$i"  # (a FAIL line after it makes the case off)
   for c in $FAKE_CRASH; do [ $i = $c ] && kill -SEGV $$; done
   for c in $FAKE_FLAKY; do [ $i = $c ] && [ $((stop - start)) -gt 1 ] && kill -SEGV $$; done
+  for c in $FAKE_OFF; do
+    [ $i = $c ] && [ $((stop - start)) -gt ${FAKE_OFF_ALONE:-1} ] && echo "FAIL 2.68e+00  name$i"
+  done
   for c in $FAKE_INTERNAL; do
     [ $i = $c ] && [ $((stop - start)) -gt ${FAKE_INTERNAL_ALONE:-1} ] &&
       echo "========= Internal Sanitizer Error: Detected a failure to track a kernel launch."
@@ -57,6 +61,8 @@ def _run(
     flaky="",
     internal="",
     internal_alone="1",
+    off="",
+    off_alone="1",
 ):
     for name, text in (("compute-sanitizer", FAKE_SANITIZER), ("cases", FAKE_CASES)):
         path = tmp_path / name
@@ -68,6 +74,7 @@ def _run(
     env["FAKE_SLOW"] = slow
     env["FAKE_FLAKY"] = flaky
     env |= {"FAKE_INTERNAL": internal, "FAKE_INTERNAL_ALONE": internal_alone}
+    env |= {"FAKE_OFF": off, "FAKE_OFF_ALONE": off_alone}
     if seconds:
         env["SANITIZE_SECONDS"] = seconds
     if cases:
@@ -161,9 +168,22 @@ def test_an_internal_error_of_the_tool_reruns_its_case_alone(tmp_path):
     status, out = _run(tmp_path, crash="", internal="3", tools="racecheck")
     log = (out / "racecheck.log").read_text()
     assert "ERROR SUMMARY: 1 errors" in log  # counted by the tool, discounted once rerun clean
-    assert "TOOL ERROR in case 3 (Internal Sanitizer Error); case 3 again, alone:" in log
+    assert "TOOL ERROR or OFF in case 3 (========= Internal Sanitizer Error" in log
     assert status == 0 and "exit status 0 (case 3 alone)" in log
     status, out = _run(tmp_path, crash="", internal="3", internal_alone="0", tools="racecheck")
     assert status == 1  # the internal error again alone: not a clean run
     status, out = _run(tmp_path, errors="1", internal="3", crash="", tools="racecheck")
     assert status == 1  # a report on a kernel beside an internal error still fails
+
+
+def test_a_case_off_under_the_tool_passes_only_if_exact_alone(tmp_path):
+    status, out = _run(tmp_path, crash="", off="2 5", tools="memcheck", shards="2")
+    log = (out / "memcheck.log").read_text()
+    assert log.count("\nFAIL 2.68e+00") == 2 and "TOOL ERROR or OFF in case 2 (FAIL" in log
+    assert status == 0 and "exit status 0 (case 5 alone)" in log
+    status, out = _run(tmp_path, crash="", off="2", off_alone="0", tools="memcheck")
+    assert status == 1  # off again alone
+    status, out = _run(tmp_path, crash="4", off="2", tools="memcheck")
+    log = (out / "memcheck.log").read_text()
+    assert status == 1 and "TOOL ERROR or OFF in case 2" in log  # rerun before the crash's
+    assert "CRASH in case 4 (exit status 139, alone too)" in log
