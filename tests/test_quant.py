@@ -373,7 +373,8 @@ def test_paired_view_needs_an_even_k(monkeypatch):
 def test_gptoss_sized_quantised_layer(fmt):
     """gpt-oss's experts at full size (E = 128, H = I = 2880: a K and an N that 128 does not
     divide) quantised, through moe_experts on the GPU ("auto"), against the bf16 layer on
-    dequantize_experts(qparams) within the documented bound, at T = 1 (decode) and T = 64."""
+    dequantize_experts(qparams) within the documented bound, at T = 1 (decode), T = 64 and
+    T = 2048 (64 rows per expert: the table's 128-row tiles)."""
     from tests.helpers import device_normal
 
     rng = np.random.default_rng(3)
@@ -390,7 +391,7 @@ def test_gptoss_sized_quantised_layer(fmt):
     layer = jax.jit(
         lambda x, idx, wts, p: moe_pallas.moe_experts(x, idx, wts, p, activation="gptoss")
     )
-    for tokens in (1, 64):
+    for tokens in (1, 64, 2048):
         x = device_normal(rng, (tokens, hidden), jnp.bfloat16)
         idx, wts = random_routing(rng, tokens, experts, top_k)
         out = layer(x, idx, wts, qparams)
