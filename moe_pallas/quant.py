@@ -131,11 +131,15 @@ def _dequantize(qw: QuantizedWeight, dtype) -> jax.Array:
             w = values * qw.scales.astype(jnp.float32)[:, None, :]
         else:
             w = values * _expand_blocks(qw.scales.astype(jnp.float32), k, n)
-    else:
-        values = jnp.asarray(E2M1)[mxfp4_codes(qw.values)]
-        exps = jnp.repeat(qw.scales.astype(jnp.int32) - 127, MX_BLOCK, axis=1)
-        w = jnp.ldexp(values, exps)
-    return w.astype(dtype)
+        return w.astype(dtype)
+
+    def one(values, scales):  # a chunk of experts: mxfp4's temporaries are 3x the output
+        codes = mxfp4_codes(values[None])[0]
+        exps = jnp.repeat(scales.astype(jnp.int32) - 127, MX_BLOCK, axis=0)
+        return jnp.ldexp(jnp.asarray(E2M1)[codes], exps).astype(dtype)
+
+    chunk = min(QUANTIZE_CHUNK, qw.values.shape[0])
+    return jax.lax.map(lambda vs: one(*vs), (qw.values, qw.scales), batch_size=chunk)
 
 
 def _fp8_values(w, scale):
