@@ -51,6 +51,9 @@ FORMATS: tuple[str, ...] = ("fp8", "fp8_block", "mxfp4")
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP8_BLOCK = 128  # block edge of "fp8_block" scales
 MX_BLOCK = 32  # values of K per "mxfp4" scale
+# Experts quantised (and mxfp4 decoded) this many at a time: the float32 temporaries of a whole
+# SwiGLU-256 weight ([256, 4096, 4096]) took 48 GiB; a chunk's are a few hundred MiB.
+QUANTIZE_CHUNK = 8
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 _WEIGHT_NAMES = ("w_gate_up", "w_down")
 
@@ -175,11 +178,6 @@ def quantize_weight(w: jax.Array, fmt: str) -> QuantizedWeight:
             "multiple of 64 (gpt-oss's 2880 is); use fmt='fp8' for this weight."
         )
     return _quantize(w, fmt)
-
-
-# Experts quantised this many at a time: the float32 temporaries of a whole SwiGLU-256 weight
-# ([256, 4096, 4096]) took 48 GiB; a chunk's are a few hundred MiB.
-QUANTIZE_CHUNK = 8
 
 
 @functools.partial(jax.jit, static_argnames="fmt")

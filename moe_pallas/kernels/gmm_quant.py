@@ -298,13 +298,8 @@ def _kernel(
                     q = load_values(c0, width, valid, k0, bk, k_mask)
                 d = plgpu.dot(a, _e4m3(q, compute_dtype), trans_b=True)
                 if fmt == "fp8_block":
-                    d = (
-                        d
-                        * _load(
-                            scales_ref.at[g, k0 // FP8_BLOCK, pl.ds(c0, width)],
-                            col_mask(width, valid),
-                        )[None, :]
-                    )
+                    block_scales = scales_ref.at[g, k0 // FP8_BLOCK, pl.ds(c0, width)]
+                    d = d * _load(block_scales, col_mask(width, valid))[None, :]
                 new[c] = new[c] + d
             return tuple(new)
 
