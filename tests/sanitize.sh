@@ -32,34 +32,38 @@ if [ -n "${SANITIZE_CASES:-}" ]; then
   [ "$last_case" -lt "$count" ] && count=$last_case
 fi
 deadline=$(($(date +%s) + ${SANITIZE_SECONDS:-0}))
-# One tool over cases [start, stop); where the tool itself dies in a case (a segfault, not a
-# report), the log says so, the case runs again in a process of its own, and the next process
-# resumes after it, so one crash hides no other case.
+# The tool over cases [$1, $2) in one process, its output appended to $log; the time left of
+# SANITIZE_SECONDS bounds it. Returns the process's exit status.
+sanitize() {
+  local limit=()
+  if [ "${SANITIZE_SECONDS:-0}" -gt 0 ]; then
+    limit=(timeout -k 20 $((deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1)))
+  fi
+  "${limit[@]}" compute-sanitizer --tool "$tool" $([ "$tool" = memcheck ] && echo --report-api-errors no) \
+    --print-limit 50 --target-processes all "$python" -m tests.sanitize --start "$1" \
+    --stop "$2" >> "$log" 2>&1 < /dev/null
+}
 # Case $1 again in a process of its own, after the tool failed in it ($2 says how).
 run_alone() {
   local case=$1 why=$2 seen status
   echo "$why; case $case again, alone:" >> "$log"
   seen=$(wc -l < "$log")
-  "${limit[@]}" compute-sanitizer --tool "$tool" $([ "$tool" = memcheck ] && echo --report-api-errors no) \
-    --print-limit 50 --target-processes all "$python" -m tests.sanitize --start "$case" \
-    --stop "$((case + 1))" >> "$log" 2>&1
+  sanitize "$case" "$((case + 1))"
   status=$?
   echo "exit status $status (case $case alone)" >> "$log"
   if ! tail -n +$((seen + 1)) "$log" | grep -q "cases exact within their bounds"; then
     echo "CRASH in case $case (exit status $status, alone too): $(grep -E "^case $case " "$log" | tail -n 1)" >> "$log"
   fi
 }
+# One tool over cases [start, stop); where the tool itself dies in a case (a segfault, not a
+# report), the log says so, the case runs again in a process of its own, and the next process
+# resumes after it, so one crash hides no other case.
 run_tool() {
-  local tool=$1 start=$2 stop=$3 log=$4 status last seen limit=() c
+  local tool=$1 start=$2 stop=$3 log=$4 status last seen finished c why
   : > "$log"
   while :; do
     seen=$(wc -l < "$log")  # this segment's lines follow (late writes of XLA may trail them)
-    if [ "${SANITIZE_SECONDS:-0}" -gt 0 ]; then
-      limit=(timeout -k 20 $((deadline - $(date +%s) > 1 ? deadline - $(date +%s) : 1)))
-    fi
-    "${limit[@]}" compute-sanitizer --tool "$tool" $([ "$tool" = memcheck ] && echo --report-api-errors no) \
-      --print-limit 50 --target-processes all "$python" -m tests.sanitize --start "$start" \
-      --stop "$stop" >> "$log" 2>&1
+    sanitize "$start" "$stop"
     status=$?
     echo "exit status $status (cases $start to $((stop - 1)))" >> "$log"
     segment=$(tail -n +$((seen + 1)) "$log")
@@ -68,16 +72,15 @@ run_tool() {
     # An internal error of the tool (racecheck's "failure to track a kernel launch") is counted in
     # its summary but reports nothing on a kernel, and a case off its bound under the tool may be
     # the tool's doing (its instrumented code also died, or raised CUDA_ERROR_INVALID_PC, in long
-    # processes): such a case runs again alone, where it must be clean and exact.
-    for c in $(echo "$segment" | awk '/^case [0-9]+/ {c = $2}
-        /Internal Sanitizer Error|^FAIL/ {print c}' | sort -un); do
+    # processes): such a case runs again alone, where it must be clean and exact. (case, its first
+    # such line) per case:
+    while IFS=$'\t' read -r c why; do
       [ "$finished" -eq 0 ] && [ "$c" = "$last" ] && continue  # the crash path below reruns it
-      run_alone "$c" "TOOL ERROR or OFF in case $c ($(echo "$segment" | awk -v c="$c" \
-        '/^case [0-9]+/ {k = $2} k == c && /Internal Sanitizer Error|^FAIL/ {print substr($0, 1, 120); exit}'))"
-    done
+      run_alone "$c" "TOOL ERROR or OFF in case $c ($why)"
+    done < <(echo "$segment" | awk '/^case [0-9]+/ {c = $2}
+      /Internal Sanitizer Error|^FAIL/ && !(c in seen) {seen[c] = 1; print c "\t" substr($0, 1, 120)}')
     [ "$finished" -gt 0 ] && return
-    last=${last:-}
-    if [ ${#limit[@]} -gt 0 ] && [ "$(date +%s)" -ge "$deadline" ]; then
+    if [ "${SANITIZE_SECONDS:-0}" -gt 0 ] && [ "$(date +%s)" -ge "$deadline" ]; then
       echo "TIMEOUT: SANITIZE_SECONDS spent; cases ${last:-$start} to $((stop - 1)) not checked" >> "$log"
       return
     fi
