@@ -325,19 +325,24 @@ def _run_ptx(asm: str, word: int) -> list[int]:
     return [regs["$0"], regs["$1"]]
 
 
+def _decode_bytes(asm: str, byte_values) -> np.ndarray:
+    """The bf16 bits (uint16) `asm` makes of `byte_values`, 4 bytes to a 32-bit word, in element
+    order ($0: elements 0, 1; $1: elements 2, 3)."""
+    got = []
+    for word_bytes in np.asarray(byte_values).reshape(-1, 4):
+        word = int(sum(int(b) << (8 * i) for i, b in enumerate(word_bytes)))
+        for out in _run_ptx(asm, word):
+            got += [out & 0xFFFF, out >> 16]
+    return np.array(got, np.uint16)
+
+
 @pytest.mark.parametrize("nibble", ["low", "high"])
 def test_e2m1_ptx_decodes_every_byte(nibble):
     """The GPU's inline PTX decode (text as compiled, emulated instruction by instruction): every
     byte's nibble becomes its e2m1 value in bf16, in element order, for all 256 bytes."""
     byte_values = np.arange(256, dtype=np.int64)
-    got = []
-    for word_bytes in byte_values.reshape(-1, 4):
-        word = int(sum(int(b) << (8 * i) for i, b in enumerate(word_bytes)))
-        for out in _run_ptx(
-            gmm_quant_module.E2M1_PTX[nibble], word
-        ):  # $0: elements 0, 1; $1: elements 2, 3
-            got += [out & 0xFFFF, out >> 16]
-    got = np.array(got, np.uint16).view(jnp.bfloat16).astype(np.float64)
+    got = _decode_bytes(gmm_quant_module.E2M1_PTX[nibble], byte_values)
+    got = got.view(jnp.bfloat16).astype(np.float64)
     codes = byte_values >> 4 if nibble == "high" else byte_values & 0xF
     np.testing.assert_array_equal(got, e2m1_oracle(codes))
 
@@ -348,12 +353,7 @@ def test_e4m3_ptx_decodes_every_byte():
     (subnormals and -0 included), and the two NaN codes NaN."""
     for position in range(4):
         byte_values = np.roll(np.arange(256, dtype=np.uint8), position)
-        got = []
-        for word_bytes in byte_values.reshape(-1, 4):
-            word = int(sum(int(b) << (8 * i) for i, b in enumerate(word_bytes)))
-            for out in _run_ptx(gmm_quant_module.E4M3_PTX, word):  # $0: bytes 0, 1; $1: 2, 3
-                got += [out & 0xFFFF, out >> 16]
-        got = np.array(got, np.uint16).view(jnp.bfloat16)
+        got = _decode_bytes(gmm_quant_module.E4M3_PTX, byte_values).view(jnp.bfloat16)
         want = byte_values.view(jnp.float8_e4m3fn).astype(jnp.bfloat16)
         nan = np.isnan(want.astype(np.float32))
         assert sorted(byte_values[nan]) == [0x7F, 0xFF]
@@ -407,8 +407,8 @@ def test_gptoss_sized_quantised_layer(fmt):
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 def test_swiglu256_sized_quantised_weights(fmt):
     """SwiGLU-256's gate_up as stored: fp8 values [256, 4096, 4096] are 2^32 bytes, past int32
-    element offsets (read as byte pairs along K), mxfp4's [256, 2048, 4096] are 2^31 (int32 offsets,
-    just). Random stored bytes (no dense weight is quantised: its float32 temporaries would be
+    element offsets (read as byte pairs along K), mxfp4's [256, 4096, 2048] are 2^31 (int32
+    offsets, just). Random stored bytes (no dense weight is quantised: its float32 temporaries would be
     tens of GiB); rows of the first and the last experts (offsets near 0 and near the end)
     against float64 products with each hit expert's exactly decoded weight."""
     e, h, n = 256, 4096, 4096
