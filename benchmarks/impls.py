@@ -216,10 +216,11 @@ def _ours_quantized(fmt: str):
 
 def qarray_parts(w: quant.QuantizedWeight, scale_dtype) -> tuple[jax.Array, jax.Array]:
     """(qvalue, scale) of the qwix QArray equal to `w`: qvalue [E, K, N] in the stored element
-    type (fp8 values transposed from their N-major storage), scale [E, K / tile_k, N] in `scale_dtype` (qwix's dequantised dtype), so that
-    w[e, k, n] = qvalue[e, k, n] · scale[e, k // tile_k, n]. tokamax's Hopper kernel takes scales
-    that tile K only, so fp8_block's 128 x 128 block scales repeat along N (N and K must be
-    multiples of 128 then) and mxfp4's codes unpack to float4_e2m1fn with 2^(e8m0 − 127) scales."""
+    type (fp8 values transposed from their N-major storage), scale [E, K / tile_k, N] in
+    `scale_dtype` (qwix's dequantised dtype), so that w[e, k, n] = qvalue[e, k, n] ·
+    scale[e, k // tile_k, n]. tokamax's Hopper kernel takes scales that tile K only, so
+    fp8_block's 128 x 128 block scales repeat along N (N and K must be multiples of 128 then) and
+    mxfp4's codes unpack to float4_e2m1fn with 2^(e8m0 − 127) scales."""
     if w.fmt == "fp8":
         return jnp.swapaxes(w.values, 1, 2), w.scales[:, None, :].astype(scale_dtype)
     if w.fmt == "fp8_block":
