@@ -17,6 +17,14 @@ under this GPU's `device_kind` (a device new to the table is added with its SM c
 GPU the table is for; without --write the entries are printed only:
 
     python -m benchmarks.autotune_gmm --classes small [--kernels gmm] [--around-table] [--write]
+    python -m benchmarks.autotune_gmm --weights mxfp4 --classes small large --kernels gmm gmm_glu
+
+With --weights fp8 or mxfp4 the expert weights are quantised (`quant.quantize_weight`) and the
+forward kernels (gmm, gmm_glu) run `kernels.gmm_quant`; the entries are keyed by the stored element
+type ("float8_e4m3fn", which fp8_block shares, or "float4_e2m1fn"). Their candidates are tiles that
+upstream Triton compiles for sm_90 without register spills for every format at both GLU widths
+(`python -m benchmarks.sass --weights mxfp4 ...`): the in-register decode raises register
+pressure, and a 128 x 128 GLU or 128 x 256 plain tile of mxfp4 spills in its K loop.
 """
 
 import argparse
@@ -31,9 +39,10 @@ from tqdm import tqdm
 
 from benchmarks.bench_gmm import time_op
 from benchmarks.cases import SMALL_WORKLOADS, WORKLOADS
-from moe_pallas import dispatch, tuning
+from moe_pallas import dispatch, quant, tuning
 from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.gmm import gmm
+from moe_pallas.kernels.gmm_quant import gmm_quant
 from moe_pallas.kernels.tgmm import tgmm
 
 C = BlockConfig
@@ -77,6 +86,25 @@ GLU_CANDIDATES = {
     ]
     for cls, cands in GMM_CANDIDATES.items()
 }
+# Quantised weights, small and large classes (tiles that do not spill: module docstring); GLU block_n counts
+# output columns, so its tile reads twice the weight columns of the same plain tile.
+QUANT_CANDIDATES = {
+    "gmm": [
+        C(128, 128, 64, 8, 8, 4),
+        C(128, 128, 64, 8, 8, 4, min_block_m=64),
+        C(128, 64, 64, 8, 8, 4),
+        C(64, 128, 64, 8, 4, 4),
+        C(64, 64, 128, 8, 4, 4),
+    ],
+    "gmm_glu": [
+        C(128, 64, 64, 8, 8, 4),
+        C(128, 64, 64, 8, 8, 4, min_block_m=64),
+        C(64, 64, 128, 8, 4, 4),
+        C(64, 32, 128, 8, 4, 4),
+        C(64, 64, 64, 8, 4, 4),
+    ],
+}
+QUANT_FORMATS = {"fp8": "float8_e4m3fn", "mxfp4": "float4_e2m1fn"}
 TGMM_CANDIDATES = [
     C(32, 128, 128, 1, 4, 4),
     C(64, 128, 128, 1, 4, 3),
@@ -92,8 +120,9 @@ TGMM_CANDIDATES = [
 TOKENS = {"tiny": 64, "small": 2048, "large": {"gptoss": 16384, "swiglu256": 8192}}
 
 
-def _problem(workload, tokens, small=False):
-    """The arrays of one layer step, dispatched: x, weights, biases, h, a, dh, dy, metadata."""
+def _problem(workload, tokens, small=False, weights="bf16"):
+    """The arrays of one layer step, dispatched: x, weights (quantised to `weights` unless
+    "bf16"), biases, h, a, dh, dy, metadata."""
     w = (SMALL_WORKLOADS if small else WORKLOADS)[workload]
     hidden, inter, experts, top_k = w.hidden, w.inter, w.experts, w.top_k
     keys = iter(jax.random.split(jax.random.key(tokens), 10))
@@ -114,6 +143,9 @@ def _problem(workload, tokens, small=False):
         "sizes": d.group_sizes,
     }
     p["dh"] = p["h"]
+    if weights != "bf16":
+        for name in ("w_gate_up", "w_down"):
+            p[name] = quant.quantize_weight(p[name], weights)
     if w.bias:
         p["b_gate_up"] = jax.random.normal(next(keys), (experts, 2 * inter), bf16)
         p["b_down"] = jax.random.normal(next(keys), (experts, hidden), bf16)
@@ -124,6 +156,8 @@ def _problem(workload, tokens, small=False):
 def _calls(kernel, cfg, p):
     """[(op(carry, *args), carry, args)] of one kernel's layer calls with config cfg."""
     bias_gu, bias_d = p.get("b_gate_up"), p.get("b_down")
+    if quant.is_quantized(p["w_down"]):
+        return _quant_calls(kernel, cfg, p, bias_gu, bias_d)
     if kernel == "gmm":
         return [
             (
@@ -168,6 +202,35 @@ def _calls(kernel, cfg, p):
     raise ValueError(kernel)
 
 
+def _quant_calls(kernel, cfg, p, bias_gu, bias_d):
+    """The forward calls of `_calls` on quantised weights (kernels.gmm_quant)."""
+    if kernel == "gmm":
+        return [
+            (
+                lambda x, w, s, r: gmm_quant(x, w, s, lhs_row_index=r, bias=bias_gu, config=cfg),
+                p["x"],
+                (p["w_gate_up"], p["sizes"], p["row_token"]),
+            ),
+            (
+                lambda a, w, s, rw: gmm_quant(a, w, s, bias=bias_d, row_scale=rw, config=cfg),
+                p["a"],
+                (p["w_down"], p["sizes"], p["row_weight"]),
+            ),
+        ]
+    if kernel == "gmm_glu":
+        act = p["activation"]
+        return [
+            (
+                lambda x, w, s, r: gmm_quant(
+                    x, w, s, lhs_row_index=r, bias=bias_gu, activation=act, config=cfg
+                ),
+                p["x"],
+                (p["w_gate_up"], p["sizes"], p["row_token"]),
+            )
+        ]
+    raise ValueError(f"kernel {kernel!r} does not run on quantised weights (gmm, gmm_glu do).")
+
+
 def table_config(kernel, cls, device, *, workload="gptoss", path=tuning.TABLE_PATH):
     """The table's Triton config for (kernel, class) on `device` (the default device's off the
     table), looked up at the workload's gate_up shape, or None."""
@@ -185,7 +248,17 @@ def table_config(kernel, cls, device, *, workload="gptoss", path=tuning.TABLE_PA
     return None if found is None else BlockConfig(**found)
 
 
-def _candidates(kernel, cls, around_table=False, device=None, path=tuning.TABLE_PATH):
+def _candidates(
+    kernel, cls, around_table=False, device=None, path=tuning.TABLE_PATH, weights="bf16"
+):
+    if weights != "bf16":
+        if around_table or cls == "tiny" or kernel not in QUANT_CANDIDATES:
+            raise ValueError(
+                "quantised weights are tuned for gmm and gmm_glu in the small and large classes "
+                "(--classes small large --kernels gmm gmm_glu, without --around-table); the tiny "
+                "class's 16-row tiles are the bf16 entries'."
+            )
+        return QUANT_CANDIDATES[kernel]
     seed = table_config(kernel, cls, device, path=path) if around_table else None
     if seed is not None:  # the table's entry, its bucketed-M and tail_m variants (gmm kernels)
         if kernel == "tgmm":
@@ -208,12 +281,13 @@ def _candidates(kernel, cls, around_table=False, device=None, path=tuning.TABLE_
 SMALL_CANDIDATES = [C(16, 16, 16, 2, 4, 2), C(16, 32, 16, 1, 4, 2)]
 
 
-def entry(kernel: str, cls: str, cfg: BlockConfig) -> dict:
-    """The tuning-table entry of a winner: every dtype and shape of the class."""
+def entry(kernel: str, cls: str, cfg: BlockConfig, weights: str = "bf16") -> dict:
+    """The tuning-table entry of a winner: every shape of the class, every dtype (bf16 weights)
+    or the quantised weights' element type."""
     return {
         "backend": "pallas_triton",
         "kernel": kernel,
-        "dtype": "*",
+        "dtype": QUANT_FORMATS.get(weights, "*"),
         "k": "*",
         "n": "*",
         "rows": cls,
@@ -230,6 +304,7 @@ def tune(
     device=None,
     path=tuning.TABLE_PATH,
     done=lambda entries, log: None,
+    weights="bf16",
 ):
     """(entries, log) after timing every candidate: one entry per (kernel, class) that had a
     candidate run; `done(entries, log)` after each, so a run stopped by a time limit keeps what
@@ -238,7 +313,7 @@ def tune(
     plan = {
         (cls, kernel): SMALL_CANDIDATES
         if small
-        else _candidates(kernel, cls, around_table, device, path)
+        else _candidates(kernel, cls, around_table, device, path, weights)
         for cls in classes
         for kernel in kernels
     }
@@ -248,11 +323,16 @@ def tune(
         for w in workloads:
             tokens = TOKENS[cls]
             tokens = tokens[w] if isinstance(tokens, dict) else tokens
-            problems[w] = _problem(w, 16 if small else tokens, small)
+            problems[w] = _problem(w, 16 if small else tokens, small, weights)
         for kernel in kernels:
             best = None
             for cfg in plan[(cls, kernel)]:
-                record = {"kernel": kernel, "rows": cls, "config": dataclasses.asdict(cfg)}
+                record = {
+                    "kernel": kernel,
+                    "rows": cls,
+                    "weights": weights,
+                    "config": dataclasses.asdict(cfg),
+                }
                 bar.set_postfix_str(f"{kernel} {cls}")
                 try:
                     per_workload = {
@@ -274,7 +354,7 @@ def tune(
                 if best is None or total < best[0]:
                     best = (total, cfg)
             if best is not None:
-                entries.append(entry(kernel, cls, best[1]))
+                entries.append(entry(kernel, cls, best[1], weights))
             done(entries, log)
         del problems
     bar.close()
@@ -314,6 +394,12 @@ def main(argv=None):
     )
     parser.add_argument("--classes", nargs="+", default=list(TOKENS), choices=tuning.ROWS_CLASSES)
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument(
+        "--weights",
+        default="bf16",
+        choices=["bf16", *QUANT_FORMATS],
+        help="expert weights: bf16, or quantised (gmm and gmm_glu, small and large classes)",
+    )
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
     parser.add_argument(
         "--around-table",
@@ -347,6 +433,7 @@ def main(argv=None):
         device,
         args.table,
         done=done,
+        weights=args.weights,
     )
     for e in entries:
         print(json.dumps(e))
