@@ -262,11 +262,19 @@ def _dtype_names(dtype) -> set[str]:
     return {dtype} if isinstance(dtype, str) else set(dtype)
 
 
-def _quant_formats(dtype) -> tuple[str, ...]:
-    """The quantised formats whose gmm_quant runs a table entry of this dtype key."""
-    names = _dtype_names(dtype)
+def _quant_formats(entry: dict, entries: list[dict]) -> tuple[str, ...]:
+    """The quantised formats whose gmm_quant runs this table entry: those of its dtype key, and
+    for a "*" entry the formats with no entry of their own for the same kernel and rows class."""
+    names = _dtype_names(entry["dtype"])
     if "*" in names:
-        return quant.FORMATS
+        own = {
+            name
+            for e in entries
+            if (e["backend"], e["kernel"], e["rows"])
+            == (entry["backend"], entry["kernel"], entry["rows"])
+            for name in _dtype_names(e["dtype"])
+        }
+        names = set(QUANT_ELEMENTS) - own
     return tuple(fmt for name, fmts in QUANT_ELEMENTS.items() if name in names for fmt in fmts)
 
 
@@ -278,20 +286,21 @@ class Case:
 
 
 def cases() -> list[Case]:
-    """One case per (kernel, distinct shipped config), then the kernels without a table entry."""
+    """One case per (kernel, distinct shipped config, quantised format or none), then the
+    kernels without a table entry."""
     out, seen = [], set()
     data = tuning.table()
     entries = data["devices"][data["default_device"]]["entries"]
     for i, e in enumerate(entries):
         key = (e["backend"], e["kernel"], str(sorted(e["config"].items())))
-        if key in seen:
-            continue
-        seen.add(key)
         label = f"{e['backend']}/{e['kernel']}/{e['rows']}/{e['config']}"
         if e["backend"] == "pallas_triton":
             cfg = BlockConfig(**e["config"])
             if e["kernel"] in ("gmm", "gmm_glu"):  # gmm_quant runs these configs too
-                for fmt in _quant_formats(e["dtype"]):
+                for fmt in _quant_formats(e, entries):
+                    if (*key, fmt) in seen:
+                        continue
+                    seen.add((*key, fmt))
                     out.append(
                         Case(
                             f"{label}/gmm_quant/{fmt}",
@@ -300,6 +309,10 @@ def cases() -> list[Case]:
                     )
             if _dtype_names(e["dtype"]) <= QUANT_ELEMENTS.keys():
                 continue  # quantised element types only: gmm_quant's entry
+        if key in seen:
+            continue
+        seen.add(key)
+        if e["backend"] == "pallas_triton":
             if e["kernel"] == "tgmm":
                 out.append(Case(label, lambda cfg=cfg, i=i: triton_tgmm_case(cfg, i)))
             else:

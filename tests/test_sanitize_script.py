@@ -187,3 +187,48 @@ def test_a_case_off_under_the_tool_passes_only_if_exact_alone(tmp_path):
     log = (out / "memcheck.log").read_text()
     assert status == 1 and "TOOL ERROR or OFF in case 2" in log  # rerun before the crash's
     assert "CRASH in case 4 (exit status 139, alone too)" in log
+
+
+def test_the_cases_run_gmm_quant_at_exactly_the_configs_the_backend_looks_up():
+    """Each quantised format's gmm_quant cases are the table's configs for its element type (its
+    own entries where it has them, else the "*" ones), so the sanitizer sees the shipped configs
+    and no config a format never runs."""
+    from moe_pallas import quant, tuning
+    from tests import sanitize
+
+    quant_elements = {
+        "fp8": "float8_e4m3fn",
+        "fp8_block": "float8_e4m3fn",
+        "mxfp4": "float4_e2m1fn",
+    }
+    want = set()
+    for fmt in quant.FORMATS:
+        for kernel in ("gmm", "gmm_glu"):
+            for rows in tuning.ROWS_CLASSES:
+                found = tuning.lookup(
+                    "pallas_triton",
+                    kernel,
+                    dtype=quant_elements[fmt],
+                    k=2880,
+                    n=2880,
+                    rows=rows,
+                    device=tuning.table()["default_device"],
+                )
+                want.add((kernel, str(found), fmt))
+    got = set()
+    for case in sanitize.cases():
+        parts = case.name.split("/")
+        if "gmm_quant" in parts:
+            got.add((parts[1], parts[3], parts[-1]))
+    assert got == want
+    # Every format has entries of its own in the small class, whose "*" config it then skips.
+    star_small_glu = tuning.lookup(
+        "pallas_triton",
+        "gmm_glu",
+        dtype="bfloat16",
+        k=2880,
+        n=2880,
+        rows="small",
+        device=tuning.table()["default_device"],
+    )
+    assert ("gmm_glu", str(star_small_glu), "mxfp4") not in got
