@@ -154,19 +154,22 @@ def _problem(workload, tokens, small=False, weights="bf16"):
 
 
 def _calls(kernel, cfg, p):
-    """[(op(carry, *args), carry, args)] of one kernel's layer calls with config cfg."""
+    """[(op(carry, *args), carry, args)] of one kernel's layer calls with config cfg (gmm and
+    gmm_glu through `kernels.gmm_quant` on quantised weights)."""
     bias_gu, bias_d = p.get("b_gate_up"), p.get("b_down")
-    if quant.is_quantized(p["w_down"]):
-        return _quant_calls(kernel, cfg, p, bias_gu, bias_d)
+    quantised = quant.is_quantized(p["w_down"])
+    if quantised and kernel not in ("gmm", "gmm_glu"):
+        raise ValueError(f"kernel {kernel!r} does not run on quantised weights (gmm, gmm_glu do).")
+    mm = gmm_quant if quantised else gmm
     if kernel == "gmm":
         return [
             (
-                lambda x, w, s, r: gmm(x, w, s, lhs_row_index=r, bias=bias_gu, config=cfg),
+                lambda x, w, s, r: mm(x, w, s, lhs_row_index=r, bias=bias_gu, config=cfg),
                 p["x"],
                 (p["w_gate_up"], p["sizes"], p["row_token"]),
             ),
             (
-                lambda a, w, s, rw: gmm(a, w, s, bias=bias_d, row_scale=rw, config=cfg),
+                lambda a, w, s, rw: mm(a, w, s, bias=bias_d, row_scale=rw, config=cfg),
                 p["a"],
                 (p["w_down"], p["sizes"], p["row_weight"]),
             ),
@@ -175,7 +178,7 @@ def _calls(kernel, cfg, p):
         act = p["activation"]
         return [
             (
-                lambda x, w, s, r: gmm(
+                lambda x, w, s, r: mm(
                     x, w, s, lhs_row_index=r, bias=bias_gu, activation=act, config=cfg
                 ),
                 p["x"],
@@ -200,35 +203,6 @@ def _calls(kernel, cfg, p):
             ),
         ]
     raise ValueError(kernel)
-
-
-def _quant_calls(kernel, cfg, p, bias_gu, bias_d):
-    """The forward calls of `_calls` on quantised weights (kernels.gmm_quant)."""
-    if kernel == "gmm":
-        return [
-            (
-                lambda x, w, s, r: gmm_quant(x, w, s, lhs_row_index=r, bias=bias_gu, config=cfg),
-                p["x"],
-                (p["w_gate_up"], p["sizes"], p["row_token"]),
-            ),
-            (
-                lambda a, w, s, rw: gmm_quant(a, w, s, bias=bias_d, row_scale=rw, config=cfg),
-                p["a"],
-                (p["w_down"], p["sizes"], p["row_weight"]),
-            ),
-        ]
-    if kernel == "gmm_glu":
-        act = p["activation"]
-        return [
-            (
-                lambda x, w, s, r: gmm_quant(
-                    x, w, s, lhs_row_index=r, bias=bias_gu, activation=act, config=cfg
-                ),
-                p["x"],
-                (p["w_gate_up"], p["sizes"], p["row_token"]),
-            )
-        ]
-    raise ValueError(f"kernel {kernel!r} does not run on quantised weights (gmm, gmm_glu do).")
 
 
 def table_config(kernel, cls, device, *, workload="gptoss", path=tuning.TABLE_PATH):
