@@ -22,9 +22,9 @@ GPU the table is for; without --write the entries are printed only:
 With --weights fp8 or mxfp4 the expert weights are quantised (`quant.quantize_weight`) and the
 forward kernels (gmm, gmm_glu) run `kernels.gmm_quant`; the entries are keyed by the stored element
 type ("float8_e4m3fn", which fp8_block shares, or "float4_e2m1fn"). Their candidates are tiles that
-upstream Triton compiles for sm_90 without register spills for every format at both GLU widths
-(`python -m benchmarks.sass --weights mxfp4 ...`): the in-register decode raises register
-pressure, and a 128 x 128 GLU or 128 x 256 plain tile of mxfp4 spills in its K loop.
+compile for sm_90 without register spills in every format: the in-register decode raises register
+pressure, and a 128 x 128 GLU or 128 x 256 plain tile of mxfp4 spills in its K loop (the survey is
+in docs/decisions.md, Low-precision weights).
 """
 
 import argparse
@@ -86,8 +86,8 @@ GLU_CANDIDATES = {
     ]
     for cls, cands in GMM_CANDIDATES.items()
 }
-# Quantised weights, small and large classes (tiles that do not spill: module docstring); GLU block_n counts
-# output columns, so its tile reads twice the weight columns of the same plain tile.
+# Quantised weights, small and large classes (tiles that do not spill: module docstring); GLU
+# block_n counts output columns, so its tile reads twice the weight columns of the same plain tile.
 QUANT_CANDIDATES = {
     "gmm": [
         C(128, 128, 64, 8, 8, 4),
