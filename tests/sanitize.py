@@ -262,20 +262,25 @@ def _dtype_names(dtype) -> set[str]:
     return {dtype} if isinstance(dtype, str) else set(dtype)
 
 
-def _quant_formats(entry: dict, entries: list[dict]) -> tuple[str, ...]:
-    """The quantised formats whose gmm_quant runs this table entry: those of its dtype key, and
-    for a "*" entry the formats with no entry of their own for the same kernel and rows class."""
-    names = _dtype_names(entry["dtype"])
-    if "*" in names:
-        own = {
-            name
-            for e in entries
-            if (e["backend"], e["kernel"], e["rows"])
-            == (entry["backend"], entry["kernel"], entry["rows"])
-            for name in _dtype_names(e["dtype"])
-        }
-        names = set(QUANT_ELEMENTS) - own
-    return tuple(fmt for name, fmts in QUANT_ELEMENTS.items() if name in names for fmt in fmts)
+def _quant_formats(entry: dict) -> tuple[str, ...]:
+    """The quantised formats whose gmm_quant runs this table entry's config: those whose lookup by
+    stored element type (as `backends.pallas_triton` looks them up) returns it."""
+    k, n = (entry[d] if entry[d] != "*" else 1 for d in ("k", "n"))
+    return tuple(
+        fmt
+        for name, fmts in QUANT_ELEMENTS.items()
+        if tuning.lookup(
+            entry["backend"],
+            entry["kernel"],
+            dtype=name,
+            k=k,
+            n=n,
+            rows=entry["rows"],
+            device=tuning.table()["default_device"],
+        )
+        == entry["config"]
+        for fmt in fmts
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +302,7 @@ def cases() -> list[Case]:
         if e["backend"] == "pallas_triton":
             cfg = BlockConfig(**e["config"])
             if e["kernel"] in ("gmm", "gmm_glu"):  # gmm_quant runs these configs too
-                for fmt in _quant_formats(e, entries):
+                for fmt in _quant_formats(e):
                     if (*key, fmt) in seen:
                         continue
                     seen.add((*key, fmt))
