@@ -92,11 +92,6 @@ class MosaicConfig:
     # the layout of jax's hopper_matmul_mgpu example at its fastest on the H200).
     consumers: int = 1
     split: str = "n"
-    # consumers=2 only: store the tile through two [block_m, epilogue_n] shared-memory slots per
-    # consumer, a TMA store group per slot left in flight while the next slot is filled, instead
-    # of one [block_m, block_n] buffer stored and awaited at once (less shared memory: room for
-    # the 64 x 256 split-m tile at SwiGLU's shapes). None: the whole tile.
-    epilogue_n: int | None = None
 
     @property
     def cta_m(self) -> int:
@@ -172,27 +167,19 @@ class _Epilogue(NamedTuple):
         return out
 
 
-def _epilogue_scratch(copies: int, parts: int, bm: int, bn: int, bias: bool, row_scale: bool):
-    """Shared memory for `copies` epilogues (one per consumer warpgroup), for the operands
-    present only: at the largest tiles a few hundred bytes decide whether 4 stages fit."""
-    scratch = {}
-    if bias:
-        scratch["bias_smem"] = plgpu.SMEM((copies, parts, bn), jnp.float32)
-        scratch["bias_barriers"] = plgpu.Barrier(num_arrivals=1, num_barriers=copies)
-    if row_scale:
-        scratch["row_scale_smem"] = plgpu.SMEM((copies, bm), jnp.float32)
-        scratch["row_scale_barriers"] = plgpu.Barrier(num_arrivals=1, num_barriers=copies)
-    return scratch
+def _epilogue_scratch(copies: int, parts: int, bm: int, bn: int) -> dict:
+    """Shared memory for `copies` epilogues (one per consumer warpgroup)."""
+    return {
+        "bias_smem": plgpu.SMEM((copies, parts, bn), jnp.float32),
+        "row_scale_smem": plgpu.SMEM((copies, bm), jnp.float32),
+        "bias_barriers": plgpu.Barrier(num_arrivals=1, num_barriers=copies),
+        "row_scale_barriers": plgpu.Barrier(num_arrivals=1, num_barriers=copies),
+    }
 
 
-def _at(ref, i):
-    return None if ref is None else ref.at[i]
-
-
-def _store_rows(o_smem, out_gmem, a0, row_start, size, col0, wait=True):
+def _store_rows(o_smem, out_gmem, a0, row_start, size, col0):
     """Store rows [row_start, row_start + size) of the tile o_smem (whose row 0 is lhs row a0) to
-    out_gmem at columns [col0, col0 + width): one TMA box per set bit of size, committed as one
-    group; wait=True waits for it, else it stays in flight."""
+    out_gmem at columns [col0, col0 + width): one TMA box per set bit of size."""
     plgpu.commit_smem()
     bm, width = o_smem.shape
     offset = row_start - a0
@@ -204,26 +191,11 @@ def _store_rows(o_smem, out_gmem, a0, row_start, size, col0, wait=True):
             plgpu.copy_smem_to_gmem(
                 o_smem.at[pl.ds(offset, rows)],
                 out_gmem.at[pl.ds(a0 + offset, rows), pl.ds(col0, width)],
-                commit_group=False,
             )
 
         offset += size & rows
         rows //= 2
-    plgpu.commit_smem_to_gmem_group()
-    if wait:
-        plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-
-def _store_chunks(tile, o_slots, out_gmem, a0, row_start, size, col0):
-    """`_store_rows` of the [bm, bn] value `tile` in column chunks through the two slots
-    o_slots [2, bm, epilogue_n]: before a slot is refilled, only the newest group (the other
-    slot's) may still be reading shared memory."""
-    width = o_slots.shape[2]
-    for c in range(tile.shape[1] // width):
-        slot = o_slots.at[c % 2]
-        plgpu.wait_smem_to_gmem(1, wait_read_only=True)
-        slot[...] = tile[:, c * width : (c + 1) * width]
-        _store_rows(slot, out_gmem, a0, row_start, size, col0 + c * width, wait=False)
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
 def _kernel_ws(
@@ -258,7 +230,6 @@ def _kernel_ws(
     cta_m, cta_n = (2 * bm, bn) if by_rows else (bm, 2 * bn)
     n_tiles = n_dim // cta_n
     parts = 2 if activation else 1  # rhs blocks and accumulators: SwiGLU's gate and up
-    chunked = cfg.epilogue_n is not None and cfg.epilogue_n < bn
 
     def pipeline(body, compute_context):
         rhs_spec = plgpu.BlockSpec(
@@ -292,28 +263,21 @@ def _kernel_ws(
         allocs=pipeline(ignore, ignore).get_allocations(
             lhs_gmem.at[pl.ds(0, cta_m)], *rhs_windows(0, 0)
         ),
-        o_smem=plgpu.SMEM((2, 2, bm, cfg.epilogue_n) if chunked else (2, bm, bn), out_gmem.dtype),
-        **_epilogue_scratch(2, parts, bm, bn, has_bias, has_row_scale),
+        o_smem=plgpu.SMEM((2, bm, bn), out_gmem.dtype),
+        **_epilogue_scratch(2, parts, bm, bn),
         collective_axes="wg",
     )
-    def _scope(
-        allocs,
-        o_smem,
-        bias_smem=None,
-        row_scale_smem=None,
-        bias_barriers=None,
-        row_scale_barriers=None,
-    ):
+    def _scope(allocs, o_smem, bias_smem, row_scale_smem, bias_barriers, row_scale_barriers):
         wg = jax.lax.axis_index("wg")
         wg_cols = slice(None) if by_rows else pl.ds(wg * bn, bn)
         epilogue = _Epilogue(
             bias_gmem,
             row_scale_gmem,
             activation,
-            _at(bias_smem, wg),
-            _at(row_scale_smem, wg),
-            _at(bias_barriers, wg),
-            _at(row_scale_barriers, wg),
+            bias_smem.at[wg],
+            row_scale_smem.at[wg],
+            bias_barriers.at[wg],
+            row_scale_barriers.at[wg],
         )
 
         @plgpu.nd_loop((num_visits * n_tiles,), collective_axes="sm")
@@ -338,14 +302,8 @@ def _kernel_ws(
                     epilogue.start(g, wg_a0, wg_col0)
                     eval_pipeline(acc_refs)
                     out = epilogue.apply(*(acc_ref[...] for acc_ref in acc_refs))
-                    if chunked:
-                        _store_chunks(
-                            out.astype(o_smem.dtype), o_smem.at[wg], out_gmem, wg_a0,
-                            wg_start, wg_size, wg_col0,
-                        )
-                    else:
-                        o_smem[wg] = out.astype(o_smem.dtype)
-                        _store_rows(o_smem.at[wg], out_gmem, wg_a0, wg_start, wg_size, wg_col0)
+                    o_smem[wg] = out.astype(o_smem.dtype)
+                    _store_rows(o_smem.at[wg], out_gmem, wg_a0, wg_start, wg_size, wg_col0)
 
                 pl.run_scoped(_, *[plgpu.ACC((bm, bn), jnp.float32)] * parts)
 
@@ -367,19 +325,8 @@ def _kernel_ws(
 
             @pl.when((size > 0) & (g == num_groups) & (wg < 2))
             def _tail_rows():
-                if chunked:
-                    _store_chunks(
-                        jnp.zeros((bm, bn), o_smem.dtype), o_smem.at[wg], out_gmem, wg_a0,
-                        wg_start, wg_size, wg_col0,
-                    )
-                else:
-                    o_smem[wg] = jnp.zeros((bm, bn), o_smem.dtype)
-                    _store_rows(o_smem.at[wg], out_gmem, wg_a0, wg_start, wg_size, wg_col0)
-
-        if chunked:  # the last visit's stores were left in flight
-            @pl.when(wg < 2)
-            def _drain():
-                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+                o_smem[wg] = jnp.zeros((bm, bn), o_smem.dtype)
+                _store_rows(o_smem.at[wg], out_gmem, wg_a0, wg_start, wg_size, wg_col0)
 
 
 def _kernel(
@@ -415,26 +362,22 @@ def _kernel(
     interleaved = activation == "gptoss"
     scratch = {"halves_smem": plgpu.SMEM((2, 2, bk, bn), lhs_gmem.dtype)} if interleaved else {}
 
-    @functools.partial(
-        pl.run_scoped,
-        **_epilogue_scratch(1, parts, bm, bn, has_bias, has_row_scale),
-        **scratch,
-    )
+    @functools.partial(pl.run_scoped, **_epilogue_scratch(1, parts, bm, bn), **scratch)
     def _scope(
-        bias_smem=None,
-        row_scale_smem=None,
-        bias_barriers=None,
-        row_scale_barriers=None,
+        bias_smem,
+        row_scale_smem,
+        bias_barriers,
+        row_scale_barriers,
         halves_smem=None,
     ):
         epilogue = _Epilogue(
             bias_gmem,
             row_scale_gmem,
             activation,
-            _at(bias_smem, 0),
-            _at(row_scale_smem, 0),
-            _at(bias_barriers, 0),
-            _at(row_scale_barriers, 0),
+            bias_smem.at[0],
+            row_scale_smem.at[0],
+            bias_barriers.at[0],
+            row_scale_barriers.at[0],
         )
 
         @plgpu.nd_loop((num_visits * n_tiles,), collective_axes="sm")
