@@ -28,11 +28,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from moe_pallas import dispatch, moe_experts, ragged_dot, tgmm
+from moe_pallas import moe_experts, ragged_dot, tgmm
 from moe_pallas.activations import glu, split_gate_up
 from moe_pallas.backends import cublas_slab
 from moe_pallas.kernels import BlockConfig, gmm
 from moe_pallas.reference import moe_experts_reference
+from tests.helpers import tile_schedule
 
 ON_GPU = jax.default_backend() == "gpu"
 _COMMON = {"deadline": None, "derandomize": False, "suppress_health_check": list(HealthCheck)}
@@ -507,7 +508,7 @@ def test_tile_schedule_covers_each_row_once(seed, num_groups, rows, block_m, kin
         rng = np.random.default_rng(seed)
         sizes = _group_sizes(rng, kind, num_groups, max(rows - tail, 0))
         ends = jnp.asarray(np.minimum(np.cumsum(sizes), rows), jnp.int32)
-        s = jax.tree.map(np.asarray, dispatch.tile_schedule(ends, rows, block_m))
+        s = jax.tree.map(np.asarray, tile_schedule(ends, rows, block_m))
         row_group = np.append(
             np.repeat(np.arange(num_groups), sizes), [num_groups] * (rows - sizes.sum())
         )

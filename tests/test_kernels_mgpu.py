@@ -17,9 +17,10 @@ import pytest
 from jax.sharding import AbstractDevice, AbstractMesh
 
 import moe_pallas
-from moe_pallas import backends, dispatch, tuning
+from moe_pallas import backends, tuning
 from moe_pallas.backends import mosaic_gpu as mosaic_backend
 from moe_pallas.kernels import gmm_mgpu, tgmm_mgpu
+from tests.helpers import tile_schedule
 from tests.test_kernels_gmm import gmm64, rel_err, tgmm64
 from tests.test_lowering import _layer_args
 
@@ -217,7 +218,7 @@ def test_schedule_covers_each_row_once_in_aligned_boxes():
         g = int(rng.integers(1, 9))
         sizes = np.diff(np.concatenate([[0], np.sort(rng.integers(0, num_rows + 1, g))]))
         ends = jnp.asarray(np.cumsum(sizes), jnp.int32)
-        sched = dispatch.tile_schedule(ends, num_rows, block_m, align=8)
+        sched = tile_schedule(ends, num_rows, block_m, align=8)
         group, m_start, start, end = map(np.asarray, sched)
         assert (m_start % 8 == 0).all()
         ends = np.concatenate([np.cumsum(sizes), [num_rows]])
