@@ -13,7 +13,9 @@ FULL_SHAPES = pytest.mark.xdist_group("gpu_full_shapes")
 
 # `dispatch.tile_schedule` jitted, as the kernels' wrappers trace it: eagerly, each call with new
 # shapes compiled every op of it on its own (1.3 s a call on CPU, 0.2 s jitted).
-tile_schedule = jax.jit(dispatch.tile_schedule, static_argnums=(1, 2), static_argnames="align")
+tile_schedule = jax.jit(
+    dispatch.tile_schedule, static_argnums=(1, 2), static_argnames=("tail", "align")
+)
 
 
 def make_params(rng, num_experts, hidden, inter, *, biases, scale=1.0, dtype=np.float32):
