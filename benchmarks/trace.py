@@ -12,7 +12,8 @@ then grouped into classes: the matmul cores (our gmm / tgmm kernels, cuBLAS and 
 and what the layer adds around them (the GLU backward, the combine, the slabs, XLA's fusions:
 sort, gather, elementwise, reductions, copies). Matmul TFLOP/s = the case's matmul FLOPs over the
 cores' device time; for ours that includes the epilogues (bias, GLU, routing weight) and the
-gather the kernels fuse.
+gather the kernels fuse. The steps' GPU span (first kernel start to last kernel end) less the
+summed kernel time is the time the GPU sat idle between kernels within the steps.
 
 The report (markdown): per case, the step time of both, the device time per class, and ours'
 kernels by device time. Off a GPU the profile has no device plane: the tables list no kernels
@@ -75,9 +76,11 @@ def parse_case(text: str, small: bool) -> _cases.Case:
         ) from None
 
 
-def device_kernels(xspace: bytes) -> dict[str, tuple[int, float]]:
-    """{kernel name: (events, total ns)} over the GPU planes' stream lines of one profile."""
+def device_kernels(xspace: bytes) -> tuple[dict[str, tuple[int, float]], float]:
+    """({kernel name: (events, total ns)}, span ns from the first kernel's start to the last
+    one's end) over the GPU planes' stream lines of one profile."""
     totals: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    first, last = float("inf"), float("-inf")
     for plane in jax.profiler.ProfileData.from_serialized_xspace(xspace).planes:
         if not plane.name.startswith("/device:GPU"):
             continue
@@ -88,18 +91,23 @@ def device_kernels(xspace: bytes) -> dict[str, tuple[int, float]]:
                 entry = totals[event.name]
                 entry[0] += 1
                 entry[1] += event.duration_ns
-    return {name: (n, ns) for name, (n, ns) in totals.items()}
+                first, last = min(first, event.start_ns), max(last, event.end_ns)
+    span = last - first if last > first else 0.0
+    return {name: (n, ns) for name, (n, ns) in totals.items()}, span
 
 
-def profile(prep: _impls.Prepared, steps: int) -> dict[str, tuple[float, float]]:
-    """{kernel name: (calls per step, device µs per step)} of `steps` calls of a prepared step."""
+def profile(prep: _impls.Prepared, steps: int) -> tuple[dict[str, tuple[float, float]], float]:
+    """({kernel name: (calls per step, device µs per step)}, GPU span µs per step) of `steps`
+    back-to-back calls of a prepared step. The span less the summed kernel time is the time the
+    GPU waited between kernels (launch gaps, host work between the calls)."""
     prep.wait(prep.call())
     session = _profiler.ProfilerSession()
     for _ in range(steps):
         out = prep.call()
     prep.wait(out)
-    kernels = device_kernels(session.stop())
-    return {name: (n / steps, ns / steps / 1e3) for name, (n, ns) in kernels.items()}
+    kernels, span_ns = device_kernels(session.stop())
+    per_step = {name: (n / steps, ns / steps / 1e3) for name, (n, ns) in kernels.items()}
+    return per_step, span_ns / steps / 1e3
 
 
 def by_class(kernels: dict[str, tuple[float, float]]) -> dict[str, float]:
@@ -123,9 +131,10 @@ def trace_case(case: _cases.Case, impl: str, steps: int, budget_s: float) -> dic
     for name in (impl, _impls.LINE):
         prep = _impls.IMPLS[name](case, inputs)
         seconds, _, _ = _run.measure(prep, budget_s)
-        kernels = profile(prep, steps)
+        kernels, span_us = profile(prep, steps)
         result[name] = {
             "step_ms": seconds * 1e3,
+            "span_us": span_us,
             "kernels": kernels,
             "classes": by_class(kernels),
             "note": prep.note,
@@ -173,6 +182,11 @@ def report(results: list[dict], impl: str, meta: str, top: int = 12) -> str:
                 f"{device['line'] - cores['line']:.0f} |"
             ),
             f"| **all device time** | {device['ours']:.0f} | {device['line']:.0f} |",
+            (
+                f"| GPU idle between kernels (span {ours['span_us']:.0f} / "
+                f"{line['span_us']:.0f}) | {max(ours['span_us'] - device['ours'], 0):.0f} | "
+                f"{max(line['span_us'] - device['line'], 0):.0f} |"
+            ),
             "",
             f"Kernels of {impl}, by device time per step:",
             "",

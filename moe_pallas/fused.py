@@ -24,7 +24,7 @@ backward), y (d topk_weight comes from g·a below). Saving a and recomputing h i
 Backward (e the row's expert):
     g[m]         = gmm(dout, w_downᵀ, lhs_row_index=row_token)    [M, I] float32 (a temporary)
     dh, a, dw[m] = glu'(h)·(w·g), glu(h), ⟨g, a⟩     one pass over g and h (kernels/glu_bwd.py)
-    dy[m]        = row_weight[m] · dout[row_token[m]]                      [M, H]
+    dy[m]        = row_weight[m] · dout[row_token[m]]      [M, H], built inside the tgmm's loads
     d_w_down     = tgmm(a, dy)                      d_b_down[e]    = Σ_{m in e} dy[m]  (same call)
     d_w_gate_up  = tgmm(x[row_token], dh)           d_b_gate_up[e] = Σ_{m in e} dh[m]  (same call)
     dx           = combine(gmm(dh, w_gate_upᵀ), pair_row)
@@ -127,18 +127,19 @@ def _fused_bwd(activation, policy, residuals, dout):
     num_experts = params["w_gate_up"].shape[0]
     dout = dout.astype(x.dtype)
     dh, a, dw_rows = dlhs(activation, policy, dout, params["w_down"], h, d, row_weight)
-    dy = (dout[d.row_token].astype(jnp.float32) * row_weight[:, None]).astype(x.dtype)
     grads = {}
-    # Bias gradients: the per-expert sums of dy and dh, from the tgmm calls that read them.
-    for name, lhs, rhs, row_index in (
-        ("down", a, dy, None),
-        ("gate_up", x, dh, d.row_token),
+    # Bias gradients: the per-expert sums of dy and dh, from the tgmm calls that read them. dy's
+    # rows are gathered from dout and scaled where the tgmm reads them (rhs_row_index, _scale).
+    for name, lhs, lhs_index, rhs, rhs_index, rhs_scale in (
+        ("down", a, None, dout, d.row_token, row_weight),
+        ("gate_up", x, d.row_token, dh, None, None),
     ):
         if quant.is_quantized(params[f"w_{name}"]):  # no weight gradient (quant.guard_gradients)
             grads[f"w_{name}"] = None
             if f"b_{name}" in params:
+                rows = backends.scaled_rows(rhs, rhs_index, rhs_scale)
                 sums = jax.ops.segment_sum(
-                    rhs.astype(jnp.float32), row_expert, num_segments=num_experts + 1
+                    rows.astype(jnp.float32), row_expert, num_segments=num_experts + 1
                 )[:num_experts]
                 grads[f"b_{name}"] = sums.astype(params[f"b_{name}"].dtype)
             continue
@@ -147,7 +148,9 @@ def _fused_bwd(activation, policy, residuals, dout):
             lhs,
             rhs,
             d.group_sizes,
-            lhs_row_index=row_index,
+            lhs_row_index=lhs_index,
+            rhs_row_index=rhs_index,
+            rhs_row_scale=rhs_scale,
             out_dtype=params[f"w_{name}"].dtype,
             rhs_sums=f"b_{name}" in params,
         )

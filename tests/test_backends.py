@@ -44,13 +44,25 @@ def test_gmm_contract(backend, variant):
 
 
 @pytest.mark.parametrize("backend", TGMM_BACKENDS)
-@pytest.mark.parametrize("gather, rhs_sums", [(False, False), (True, True)])
-def test_tgmm_contract(backend, gather, rhs_sums):
-    rng = np.random.default_rng(2 + gather)
+@pytest.mark.parametrize(
+    "gather, rhs_sums, scaled_rhs",
+    [(False, False, False), (True, True, False), (False, True, True)],
+)
+def test_tgmm_contract(backend, gather, rhs_sums, scaled_rhs):
+    """scaled_rhs: rhs's rows gathered from 20 token rows and scaled (the train step's
+    dy = row_weight ⊙ dout[row_token]); the rows past the groups point at a NaN token row."""
+    rng = np.random.default_rng(2 + gather + 2 * scaled_rhs)
     num_rows, k, n = sum(SIZES) + 3, 64, 32
-    rhs_np = rng.standard_normal((num_rows, n))
-    rhs_np[sum(SIZES) :] = np.nan  # rows past every group reach no product and no sum
+    rhs_np = rng.standard_normal((20 if scaled_rhs else num_rows, n))
+    rhs_np[-3:] = np.nan  # rows past every group (or the tokens they point at) reach nothing
     rhs = jnp.asarray(rhs_np, BF16)
+    rhs_kwargs = {}
+    if scaled_rhs:
+        rhs_index = np.concatenate([rng.integers(0, 17, sum(SIZES)), [17, 18, 19]])
+        rhs_kwargs = {
+            "rhs_row_index": jnp.asarray(rhs_index, jnp.int32),
+            "rhs_row_scale": jnp.asarray(rng.uniform(0.1, 2, num_rows), jnp.float32),
+        }
     lhs = jnp.asarray(rng.standard_normal((20 if gather else num_rows, k)), BF16)
     index = jnp.asarray(rng.integers(0, 20, num_rows), jnp.int32) if gather else None
     got = backends.get(backend).tgmm(
@@ -60,8 +72,13 @@ def test_tgmm_contract(backend, gather, rhs_sums):
         lhs_row_index=index,
         out_dtype=jnp.float32,
         rhs_sums=rhs_sums,
+        **rhs_kwargs,
     )
     out, sums = got if rhs_sums else (got, None)
+    # The oracle's rhs: the rows as every backend rounds them (one bf16 rounding of w · row).
+    rhs = backends.scaled_rows(
+        rhs, rhs_kwargs.get("rhs_row_index"), rhs_kwargs.get("rhs_row_scale")
+    )
     assert out.shape == (len(SIZES), k, n)
     assert rel_err(out, tgmm64(lhs, rhs, SIZES, lhs_row_index=index)) < 1e-5
     assert not np.asarray(out[1]).any(), "an empty group gives exact zeros"

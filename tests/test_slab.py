@@ -9,28 +9,36 @@ import pytest
 from moe_pallas.kernels import slab
 
 
-def _expected(src, offsets, cap, index):
-    rows = np.asarray(src, np.float64)
+def _rows(src, index, scale):
+    """The rows the slab reads, in src's dtype: gathered, and scaled as the kernel rounds them."""
+    rows = src if index is None else src[jnp.asarray(index)]
+    if scale is not None:
+        rows = (rows.astype(jnp.float32) * jnp.asarray(scale)[:, None]).astype(src.dtype)
+    return np.asarray(rows, np.float64)
+
+
+def _expected(rows, offsets, cap):
     num_groups, dim = len(offsets) - 1, rows.shape[1]
     want = np.zeros((num_groups, cap, dim))
     sums = np.zeros((num_groups, dim))
     for g in range(num_groups):
         members = np.arange(offsets[g], offsets[g + 1])
-        picked = rows[members if index is None else index[members]]
+        picked = rows[members]
         want[g, : min(len(members), cap)] = picked[:cap]
         sums[g] = picked.sum(0)
     return want, sums
 
 
 @pytest.mark.parametrize(
-    "dtype, cap, dim, gather",
+    "dtype, cap, dim, gather, scaled",
     [
-        (jnp.bfloat16, 32, 300, False),  # 300 columns: a masked tail of the 256-column block
-        (jnp.float32, 48, 64, True),  # block_c shrinks to 16, which divides 48
-        (jnp.bfloat16, 16, 40, True),
+        (jnp.bfloat16, 32, 300, False, False),  # 300 columns: a masked tail of the 256 block
+        (jnp.float32, 48, 64, True, False),  # block_c shrinks to 16, which divides 48
+        (jnp.bfloat16, 16, 40, True, True),  # the train step's dy = w ⊙ dout[row_token]
+        (jnp.bfloat16, 32, 72, False, True),
     ],
 )
-def test_matches_numpy(dtype, cap, dim, gather):
+def test_matches_numpy(dtype, cap, dim, gather, scaled):
     rng = np.random.default_rng(cap + dim)
     sizes = np.array([5, 0, cap + 37, cap, 1, 2 * cap + 3], np.int32)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
@@ -40,19 +48,27 @@ def test_matches_numpy(dtype, cap, dim, gather):
     if not gather:
         src_np[offsets[-1] :] = np.nan  # rows past every group are never read
     src = jnp.asarray(src_np, dtype)
+    row_scale = rng.uniform(0.1, 2.0, m).astype(np.float32) if scaled else None
     got, sums = slab.slab(
         src,
         jnp.asarray(offsets),
         cap,
         row_index=None if index is None else jnp.asarray(index),
+        row_scale=None if row_scale is None else jnp.asarray(row_scale),
         sums=True,
     )
-    want, want_sums = _expected(src, offsets, cap, index)
+    want, want_sums = _expected(_rows(src, index, row_scale), offsets, cap)
     assert got.shape == (6, cap, dim) and got.dtype == dtype and sums.dtype == jnp.float32
     np.testing.assert_array_equal(np.asarray(got, np.float64), want)  # a copy: exact
     scale = np.nansum(np.abs(np.asarray(src, np.float64))) + 1
     assert np.abs(np.asarray(sums, np.float64) - want_sums).max() < 1e-5 * scale
-    alone = slab.slab(src, jnp.asarray(offsets), cap, row_index=None if index is None else index)
+    alone = slab.slab(
+        src,
+        jnp.asarray(offsets),
+        cap,
+        row_index=None if index is None else index,
+        row_scale=None if row_scale is None else jnp.asarray(row_scale),
+    )
     np.testing.assert_array_equal(np.asarray(alone), np.asarray(got))
 
 

@@ -5,8 +5,8 @@ each with the contract of the Triton kernel of the same name (`moe_pallas.kernel
 
     gmm(lhs, rhs, group_sizes, *, lhs_row_index, transpose_rhs, bias, activation, row_scale,
         out_dtype)                                   out[m] = epilogue(lhs[src(m)] @ rhs[g(m)])
-    tgmm(lhs, rhs, group_sizes, *, lhs_row_index, out_dtype, rhs_sums)
-                                                     out[g] = Σ_{m in g} lhs[src(m)]ᵀ rhs[m]
+    tgmm(lhs, rhs, group_sizes, *, lhs_row_index, rhs_row_index, rhs_row_scale, out_dtype,
+         rhs_sums)                                   out[g] = Σ_{m in g} lhs[src(m)]ᵀ r(m)
     combine(rows, pair_row, *, out_dtype)            out[t] = Σ_j rows[pair_row[t, j]]
     glu_backward(h, g, row_weight, activation)       (dh, a, dw) of the GLU
 
@@ -209,11 +209,14 @@ def tgmm(
     group_sizes: jax.Array,
     *,
     lhs_row_index: jax.Array | None = None,
+    rhs_row_index: jax.Array | None = None,
+    rhs_row_scale: jax.Array | None = None,
     out_dtype=None,
     rhs_sums: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """`kernels.tgmm.tgmm`'s contract (with rhs_sums also the `[G, N]` float32 per-group sums of
-    rhs) on the backend the policy selects for this call."""
+    """`kernels.tgmm.tgmm`'s contract (rhs's rows r(m) gathered and scaled when rhs_row_index and
+    rhs_row_scale are given; with rhs_sums also the `[G, N]` float32 per-group sums of r) on the
+    backend the policy selects for this call."""
     out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
     problem = Problem(
         kernel="tgmm",
@@ -221,14 +224,34 @@ def tgmm(
         out_dtype=out_dtype,
         k=lhs.shape[1],
         n=rhs.shape[1],
-        num_rows=rhs.shape[0],
+        num_rows=rhs.shape[0] if rhs_row_index is None else rhs_row_index.shape[0],
         num_groups=group_sizes.shape[0],
         gather=lhs_row_index is not None,
         fused_epilogue=rhs_sums,
     )
     return select(policy, problem).tgmm(
-        lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, out_dtype=out_dtype, rhs_sums=rhs_sums
+        lhs,
+        rhs,
+        group_sizes,
+        lhs_row_index=lhs_row_index,
+        rhs_row_index=rhs_row_index,
+        rhs_row_scale=rhs_row_scale,
+        out_dtype=out_dtype,
+        rhs_sums=rhs_sums,
     )
+
+
+def scaled_rows(
+    rows: jax.Array, row_index: jax.Array | None, row_scale: jax.Array | None
+) -> jax.Array:
+    """r(m) = row_scale[m] · rows[row_index[m]] in rows' dtype (float32 product, rounded once, as
+    the kernels that gather and scale on chip round it): tgmm's rhs for a backend that reads its
+    rhs as stored."""
+    if row_index is not None:
+        rows = rows[row_index]
+    if row_scale is None:
+        return rows
+    return (rows.astype(jnp.float32) * row_scale.astype(jnp.float32)[:, None]).astype(rows.dtype)
 
 
 def block_ops(policy: str) -> Backend:

@@ -49,20 +49,25 @@ def tgmm(
     group_sizes: jax.Array,
     *,
     lhs_row_index: jax.Array | None = None,
+    rhs_row_index: jax.Array | None = None,
+    rhs_row_scale: jax.Array | None = None,
     out_dtype=None,
     rhs_sums: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """`[G, K, N]` products (and with rhs_sums the `[G, N]` float32 sums of rhs), the arguments
-    of `kernels.tgmm.tgmm`."""
+    """`[G, K, N]` products (and with rhs_sums the `[G, N]` float32 sums of rhs's rows), the
+    arguments of `kernels.tgmm.tgmm`."""
     if lhs.ndim != 2 or rhs.ndim != 2:
         raise ValueError(f"tgmm needs lhs [M, K] and rhs [M, N]; got {lhs.shape}, {rhs.shape}.")
-    num_rows, num_groups = rhs.shape[0], group_sizes.shape[0]
+    num_rows = rhs.shape[0] if rhs_row_index is None else rhs_row_index.shape[0]
+    num_groups = group_sizes.shape[0]
     out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
     cap = capacity(num_rows, num_groups)
     ends = _common.clamp_group_ends(group_sizes, num_rows)
     offsets = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends])
     lhs_slab = _slab.slab(lhs, offsets, cap, row_index=lhs_row_index)
-    rhs_slab = _slab.slab(rhs, offsets, cap, sums=rhs_sums)
+    rhs_slab = _slab.slab(
+        rhs, offsets, cap, row_index=rhs_row_index, row_scale=rhs_row_scale, sums=rhs_sums
+    )
     rhs_slab, sums = rhs_slab if rhs_sums else (rhs_slab, None)
     out = jax.lax.dot_general(
         lhs_slab, rhs_slab, (((1,), (1,)), ((0,), (0,))), preferred_element_type=out_dtype
@@ -72,6 +77,8 @@ def tgmm(
         rhs,
         group_sizes,
         lhs_row_index=lhs_row_index,
+        rhs_row_index=rhs_row_index,
+        rhs_row_scale=rhs_row_scale,
         out_dtype=out_dtype,
         row_skip=cap,
         accumulate=(out, None),

@@ -110,10 +110,11 @@ def gmm(
 
 
 def tgmm(lhs, rhs, group_sizes, *, lhs_row_index=None, out_dtype=None, rhs_sums=False, **kwargs):
+    rhs_row_index = kwargs.get("rhs_row_index")
     cfg = config(
         "tgmm",
         jnp.promote_types(lhs.dtype, rhs.dtype),
-        rhs.shape[0],
+        rhs.shape[0] if rhs_row_index is None else rhs_row_index.shape[0],
         group_sizes.shape[0],
         lhs.shape[1],
         rhs.shape[1],

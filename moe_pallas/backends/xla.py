@@ -69,8 +69,19 @@ def gmm(
     return jnp.where(routed[:, None], out, 0).astype(out_dtype)
 
 
-def tgmm(lhs, rhs, group_sizes, *, lhs_row_index=None, out_dtype=None, rhs_sums=False):
+def tgmm(
+    lhs,
+    rhs,
+    group_sizes,
+    *,
+    lhs_row_index=None,
+    rhs_row_index=None,
+    rhs_row_scale=None,
+    out_dtype=None,
+    rhs_sums=False,
+):
     out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
+    rhs = backends.scaled_rows(rhs, rhs_row_index, rhs_row_scale)
     if lhs_row_index is not None:
         lhs = lhs[lhs_row_index]
     dims = jax.lax.RaggedDotDimensionNumbers(

@@ -1,9 +1,13 @@
 """Capacity slabs of expert-sorted rows (and each group's row sums), Pallas Triton lowering.
 
 Math. Rows m in [0, M) are split into contiguous groups by `group_offsets` ([G + 1], group g is
-rows [offsets[g], offsets[g + 1])); src(m) = row_index[m] if given, else m. For a capacity C:
-    slab[g, c] = src_rows[src(offsets[g] + c)]    for c < min(size_g, C), else 0    [G, C, D]
-    sums[g]    = Σ_{m in g} src_rows[src(m)]       float32, every row of g, also those past C
+rows [offsets[g], offsets[g + 1])); row m reads r(m) = src_rows[row_index[m]] if row_index is
+given, else src_rows[m], times row_scale[m] (float32, rounded back to src_rows' dtype) if given.
+For a capacity C:
+    slab[g, c] = r(offsets[g] + c)    for c < min(size_g, C), else 0                   [G, C, D]
+    sums[g]    = Σ_{m in g} r(m)       float32, every row of g, also those past C
+The scaled gather is the train step's dy = row_weight ⊙ dout[row_token] built where it is read,
+so the backward never writes dy as an [M, D] array of its own.
 The slabs are the operands of the cublas_slab backend's batched matmul
 (`moe_pallas.backends.cublas_slab`), the sums its bias gradients. Rows past a group are never loaded (masked loads), so NaN there reaches nothing; the
 sums run in a fixed order (bitwise reproducible).
@@ -25,10 +29,11 @@ from jax.experimental.pallas import triton as plgpu
 from moe_pallas.kernels import _common
 
 
-def _slab_kernel(*refs, cap, dim, bc, bd, gather, sums):
+def _slab_kernel(*refs, cap, dim, bc, bd, gather, scale, sums):
     it = iter(refs)
     offsets_ref = next(it)
     index_ref = next(it) if gather else None
+    scale_ref = next(it) if scale else None
     src_ref, slab_ref = next(it), next(it)
     sums_ref = next(it) if sums else None
     d0 = pl.program_id(0) * bd
@@ -37,13 +42,18 @@ def _slab_kernel(*refs, cap, dim, bc, bd, gather, sums):
     cols = d0 + jnp.arange(bd, dtype=jnp.int32)
     col_ok = (cols < dim)[None, :] if dim % bd else None
 
-    def load_rows(r0):  # [bc, bd] rows r0.. of the group (gathered), zero past its end
+    def load_rows(r0):  # [bc, bd] rows r0.. of the group (gathered, scaled), zero past its end
         row_ok = (r0 + jnp.arange(bc, dtype=jnp.int32) < end)[:, None]
         mask = row_ok if col_ok is None else row_ok & col_ok
         if gather:
             src = plgpu.load(index_ref.at[pl.ds(r0, bc)], mask=row_ok[:, 0], other=0)
-            return plgpu.load(src_ref.at[src[:, None], cols[None, :]], mask=mask, other=0)
-        return plgpu.load(src_ref.at[pl.ds(r0, bc), pl.ds(d0, bd)], mask=mask, other=0)
+            tile = plgpu.load(src_ref.at[src[:, None], cols[None, :]], mask=mask, other=0)
+        else:
+            tile = plgpu.load(src_ref.at[pl.ds(r0, bc), pl.ds(d0, bd)], mask=mask, other=0)
+        if scale:
+            w = plgpu.load(scale_ref.at[pl.ds(r0, bc)], mask=row_ok[:, 0], other=0)
+            tile = (tile.astype(jnp.float32) * w[:, None]).astype(tile.dtype)
+        return tile
 
     def slab_step(i, acc):
         tile = load_rows(start + i * bc)
@@ -69,6 +79,7 @@ def slab(
     capacity: int,
     *,
     row_index: jax.Array | None = None,
+    row_scale: jax.Array | None = None,
     sums: bool = False,
     block_c: int = 32,
     block_d: int = 256,
@@ -77,9 +88,10 @@ def slab(
     """`[G, C, D]` slab of each group's first `capacity` rows (module docstring), and with sums
     also the `[G, D]` float32 sums of every row of each group.
 
-    src_rows `[M_src, D]` (row m read as src_rows[row_index[m]] when row_index `[M]` is given);
-    group_offsets `[G + 1]` int32, non-decreasing, from 0 to at most M; block_c (a power of 2)
-    shrinks to divide capacity.
+    src_rows `[M_src, D]` (row m read as src_rows[row_index[m]] when row_index `[M]` is given,
+    and multiplied by row_scale[m] when row_scale `[M]` float32 is given); group_offsets
+    `[G + 1]` int32, non-decreasing, from 0 to at most M; block_c (a power of 2) shrinks to
+    divide capacity.
     """
     if src_rows.ndim != 2 or group_offsets.ndim != 1:
         raise ValueError(
@@ -95,11 +107,12 @@ def slab(
         out = jnp.zeros(slab_shape.shape, slab_shape.dtype)
         return (out, jnp.zeros(sums_shape.shape, jnp.float32)) if sums else out
     bc, bd = math.gcd(block_c, capacity), _common.pow2_block(block_d, dim)
-    gather = row_index is not None
+    gather, scale = row_index is not None, row_scale is not None
     operands = [group_offsets.astype(jnp.int32)]
     operands += [row_index.astype(jnp.int32)] if gather else []
+    operands += [row_scale.astype(jnp.float32)] if scale else []
     kernel = functools.partial(
-        _slab_kernel, cap=capacity, dim=dim, bc=bc, bd=bd, gather=gather, sums=sums
+        _slab_kernel, cap=capacity, dim=dim, bc=bc, bd=bd, gather=gather, scale=scale, sums=sums
     )
     return pl.pallas_call(
         kernel,

@@ -1,10 +1,11 @@
 """Transposed grouped matmul: out[g] = lhs[rows of g]ᵀ @ rhs[rows of g], Pallas Triton lowering.
 
 Math. Rows m in [0, M) are split into contiguous groups by `group_sizes`; for each group g,
-`out[g] = Σ_{m in g} lhs[src(m)]ᵀ ⊗ rhs[m]` (`[K, N]`, float32 accumulation), where
-src(m) = lhs_row_index[m] if given (gathered in the kernel) else m. This is the weight gradient of
-`gmm`. Empty groups give exact zeros; rows past sum(group_sizes) contribute nothing. With
-rhs_sums, also `sums[g] = Σ_{m in g} rhs[m]` (`[N]`, float32; a bias gradient): lhs is copied
+`out[g] = Σ_{m in g} lhs[src(m)]ᵀ ⊗ r(m)` (`[K, N]`, float32 accumulation), where
+src(m) = lhs_row_index[m] if given (gathered in the kernel) else m, and r(m) = rhs[m], or
+rhs_row_scale[m] · rhs[rhs_row_index[m]] rounded to rhs's dtype when those are given (the train
+step's dy = row_weight ⊙ dout[row_token], never stored). This is the weight gradient of `gmm`. Empty groups give exact zeros; rows past sum(group_sizes) contribute nothing. With
+rhs_sums, also `sums[g] = Σ_{m in g} r(m)` (`[N]`, float32; a bias gradient): lhs is copied
 with a column of ones at index K (padded to K + 8 columns, so rows stay 16-byte aligned), so the
 sums are row K of the product, computed by the same dots (in the K tail of the last k-tile, which
 is masked anyway when block_k does not divide K, else one more k-tile), and the programs of that
@@ -46,6 +47,8 @@ def _tgmm_kernel(
     n_dim: int,
     cfg: BlockConfig,
     gather: bool,
+    rhs_gather: bool,
+    rhs_scale: bool,
     rhs_sums: bool,
     compute_dtype,
     row_skip: int,
@@ -54,6 +57,8 @@ def _tgmm_kernel(
     it = iter(refs)
     group_offsets_ref = next(it)
     row_index_ref = next(it) if gather else None
+    rhs_index_ref = next(it) if rhs_gather else None
+    rhs_scale_ref = next(it) if rhs_scale else None
     lhs_ref, rhs_ref = next(it), next(it)
     # The arrays added to (aliased to the outputs: read here, written through out_ref/sums_ref).
     out_init_ref = next(it) if accumulate else None
@@ -112,11 +117,18 @@ def _tgmm_kernel(
             a = plgpu.load(lhs_ref.at[pl.ds(r0, bm), pl.ds(k0, bk)], mask=a_mask, other=0)
         return a.astype(compute_dtype)
 
-    def load_b(r0, tile):  # [bm, bn] rows r0.. of rhs at n-tile `tile`, zero outside the group
+    def load_b(r0, tile):  # [bm, bn] rows r0.. of r at n-tile `tile`, zero outside the group
         row_ok = in_group(r0)
         ns = tile * bn + jnp.arange(bn, dtype=jnp.int32)
         b_mask = row_ok if n_dim % bn == 0 else row_ok & (ns < n_dim)[None, :]
-        b = plgpu.load(rhs_ref.at[pl.ds(r0, bm), pl.ds(tile * bn, bn)], mask=b_mask, other=0)
+        if rhs_gather:
+            src = plgpu.load(rhs_index_ref.at[pl.ds(r0, bm)], mask=row_ok[:, 0], other=0)
+            b = plgpu.load(rhs_ref.at[src[:, None], ns[None, :]], mask=b_mask, other=0)
+        else:
+            b = plgpu.load(rhs_ref.at[pl.ds(r0, bm), pl.ds(tile * bn, bn)], mask=b_mask, other=0)
+        if rhs_scale:
+            w = plgpu.load(rhs_scale_ref.at[pl.ds(r0, bm)], mask=row_ok[:, 0], other=0)
+            b = (b.astype(jnp.float32) * w[:, None]).astype(b.dtype)
         return b.astype(compute_dtype)
 
     # A group of at most block_m rows (empty ones too: all loads masked, exact zeros; skipped when
@@ -159,6 +171,8 @@ def tgmm(
     group_sizes: jax.Array,
     *,
     lhs_row_index: jax.Array | None = None,
+    rhs_row_index: jax.Array | None = None,
+    rhs_row_scale: jax.Array | None = None,
     out_dtype=None,
     config: BlockConfig | None = None,
     rhs_sums: bool = False,
@@ -169,19 +183,24 @@ def tgmm(
     with rhs_sums also the `[G, N]` float32 per-group sums of rhs's rows (returns a pair).
 
     lhs `[M_src, K]` (row m read as lhs[lhs_row_index[m]] when lhs_row_index `[M]` is given, else
-    M_src = M); rhs `[M, N]`; group_sizes `[G]` int32.
+    M_src = M); rhs `[M, N]`, or `[M_rhs, N]` read as rhs[rhs_row_index[m]] when rhs_row_index
+    `[M]` is given, times rhs_row_scale[m] (`[M]` float32) when that is given; group_sizes `[G]`
+    int32.
     Overflow mode (module docstring): row_skip leaves each group's first rows out; accumulate =
     (out `[G, K, N]` in out_dtype, sums `[G, N]` float32 or None without rhs_sums) are the arrays
     the results are added to (donate them: they are aliased to the outputs).
     """
     if lhs.ndim != 2 or rhs.ndim != 2:
         raise ValueError(f"tgmm needs lhs [M, K] and rhs [M, N]; got {lhs.shape}, {rhs.shape}.")
-    gather = lhs_row_index is not None
-    num_rows = rhs.shape[0]
-    if (lhs_row_index.shape[0] if gather else lhs.shape[0]) != num_rows:
+    gather, rhs_gather = lhs_row_index is not None, rhs_row_index is not None
+    num_rows = rhs_row_index.shape[0] if rhs_gather else rhs.shape[0]
+    if (lhs_row_index.shape[0] if gather else lhs.shape[0]) != num_rows or (
+        rhs_row_scale is not None and rhs_row_scale.shape != (num_rows,)
+    ):
         raise ValueError(
-            f"tgmm contracts over rows: lhs{' row index' if gather else ''} and rhs "
-            f"({rhs.shape[0]} rows) must have the same number of rows."
+            f"tgmm contracts over rows: lhs{' row index' if gather else ''}, "
+            f"rhs{' row index' if rhs_gather else ''} ({num_rows} rows) and rhs_row_scale "
+            "must have the same number of rows."
         )
     num_groups = group_sizes.shape[0]
     k_dim, n_dim = lhs.shape[1], rhs.shape[1]
@@ -209,6 +228,10 @@ def tgmm(
     operands = [group_offsets]
     if gather:
         operands.append(lhs_row_index.astype(jnp.int32))
+    if rhs_gather:
+        operands.append(rhs_row_index.astype(jnp.int32))
+    if rhs_row_scale is not None:
+        operands.append(rhs_row_scale.astype(jnp.float32))
     operands += [lhs, rhs]
     aliases = {}
     if accumulate is not None:
@@ -221,6 +244,8 @@ def tgmm(
         n_dim=n_dim,
         cfg=cfg,
         gather=gather,
+        rhs_gather=rhs_gather,
+        rhs_scale=rhs_row_scale is not None,
         rhs_sums=rhs_sums,
         compute_dtype=jnp.promote_types(lhs.dtype, rhs.dtype),
         row_skip=row_skip,
