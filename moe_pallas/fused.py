@@ -6,15 +6,15 @@ token t's slot j; rows with an out-of-range expert id sort last, past every grou
 Every grouped matmul below goes through `moe_pallas.backends` (`gmm`, `tgmm`), so the policy of
 `implementation=` picks its backend per call.
 
-Forward (3 kernels):
-    a, h = gmm(x, w_gate_up, lhs_row_index=row_token, bias=b_gate_up, activation=, keep_pre=)
-           a = glu(h) from the float32 accumulators [M, I], h [M, 2I], both x's dtype
-    y    = gmm(a, w_down, bias=b_down, row_scale=row_weight)                 [M, H]   x's dtype
-    out  = combine(y, pair_row)         out[t] = Σ_j y[pair_row[t, j]], float32, j ascending
-Without a gradient (the custom_vjp primal) the first kernel stores a only; the forward rule under
-jax.grad keeps h too (keep_pre), the backward's residual, from the same epilogue, so both give
-the same out bit for bit, and no XLA pass reads h back to apply the GLU (backends whose kernels
-store one output, Mosaic GPU and the quantised gmm, apply it to the stored h in XLA instead).
+Forward under jax.grad (4 kernels and one XLA elementwise pass):
+    h   = gmm(x, w_gate_up, lhs_row_index=row_token, bias=b_gate_up)      [M, 2I]  x's dtype
+    a   = glu(h) (XLA, float32 math)                                         [M, I]   x's dtype
+    y   = gmm(a, w_down, bias=b_down, row_scale=row_weight)                  [M, H]   x's dtype
+    out = combine(y, pair_row)          out[t] = Σ_j y[pair_row[t, j]], float32, j ascending
+Without a gradient (the custom_vjp primal) the first two steps are one kernel, gmm's GLU epilogue
+(`a = gmm(x, w_gate_up, ..., activation=)`), so h never hits memory; the forward rule under
+jax.grad keeps h, the backward's residual. The two are equally fast; the epilogue saves the
+[M, 2I] h.
 
 Residuals, chosen for memory: h [M, 2I] in x's dtype and the int32 routing metadata; x, the params
 and topk_weight are inputs the caller keeps anyway. Not saved: a (recomputed from h in the
@@ -55,6 +55,7 @@ import jax.numpy as jnp
 
 from moe_pallas import backends, quant
 from moe_pallas import dispatch as _dispatch
+from moe_pallas.activations import glu, split_gate_up
 
 
 def _routing(topk_idx, topk_weight, num_experts):
@@ -86,7 +87,7 @@ def dlhs(activation, policy, dout, w_down, h, d, row_weight):
 
 
 def _forward(activation, policy, x, topk_idx, topk_weight, params, keep_h=True):
-    """(out, residuals for `_fused_bwd`); without keep_h the GLU epilogue stores a only, no h."""
+    """(out, residuals for `_fused_bwd`); without keep_h the GLU runs in gmm's epilogue, no h."""
     d, row_expert, row_weight = _routing(topk_idx, topk_weight, params["w_gate_up"].shape[0])
     gate_up = functools.partial(
         backends.gmm,
@@ -98,7 +99,8 @@ def _forward(activation, policy, x, topk_idx, topk_weight, params, keep_h=True):
         bias=params.get("b_gate_up"),
     )
     if keep_h:
-        a, h = gate_up(activation=activation, keep_pre=True)
+        h = gate_up()
+        a = glu(*split_gate_up(h.astype(jnp.float32), activation), activation).astype(x.dtype)
     else:
         h, a = None, gate_up(activation=activation)
     y = backends.gmm(

@@ -43,29 +43,6 @@ def test_gmm_contract(backend, variant):
     assert not np.asarray(out[sum(SIZES) :]).any(), "rows past the groups are zeros"
 
 
-@pytest.mark.parametrize("backend", GMM_BACKENDS)
-@pytest.mark.parametrize("activation", ["swiglu", "gptoss"])
-def test_gmm_keep_pre_contract(backend, activation):
-    """A GLU call with keep_pre: (the GLU output, the pre-activation h with its bias), rows past
-    the groups zeros in both."""
-    rng = np.random.default_rng(7)
-    num_rows, k, n, g = sum(SIZES) + 3, 64, 128, len(SIZES)
-    lhs = jnp.asarray(rng.standard_normal((20, k)), BF16)
-    rhs = jnp.asarray(rng.standard_normal((g, k, n)) * 4 / np.sqrt(k), BF16)
-    kwargs = {
-        "lhs_row_index": jnp.asarray(rng.integers(0, 20, num_rows), jnp.int32),
-        "bias": jnp.asarray(rng.standard_normal((g, n)), BF16),
-    }
-    sizes = jnp.asarray(SIZES, jnp.int32)
-    out, h = backends.get(backend).gmm(
-        lhs, rhs, sizes, activation=activation, out_dtype=jnp.float32, keep_pre=True, **kwargs
-    )
-    assert out.shape == (num_rows, n // 2) and h.shape == (num_rows, n)
-    assert rel_err(out, gmm64(lhs, rhs, SIZES, activation=activation, **kwargs)) < 1e-5
-    assert rel_err(h, gmm64(lhs, rhs, SIZES, **kwargs)) < 1e-5
-    assert not np.asarray(out[sum(SIZES) :]).any() and not np.asarray(h[sum(SIZES) :]).any()
-
-
 @pytest.mark.parametrize("backend", TGMM_BACKENDS)
 @pytest.mark.parametrize(
     "gather, rhs_sums, scaled_rhs",

@@ -206,8 +206,6 @@ def test_gmm_validation():
         gmm(lhs[:, :8], rhs, jnp.asarray([4, 6], jnp.int32))
     with pytest.raises(ValueError, match="even"):
         gmm(lhs, rhs[:, :, :15], jnp.asarray([4, 6], jnp.int32), activation="swiglu")
-    with pytest.raises(ValueError, match="keep_pre"):
-        gmm(lhs, rhs, jnp.asarray([4, 6], jnp.int32), keep_pre=True)
 
 
 # Bucketed M: a visit runs the smallest tile height of cfg.m_paths() that covers its rows.
@@ -330,12 +328,6 @@ def test_gmm_paths(cfg, variant):
     assert out.shape == (m, n_out)
     assert rel_err(out, gmm64(lhs, rhs, sizes, **kwargs)) < _tol(jnp.float32)
     assert not np.asarray(out[sizes.sum() :]).any()
-    if activation:  # keep_pre: the same output bit for bit, and h = lhs @ rhs + bias beside it
-        kept, h = gmm(lhs, rhs, jnp.asarray(sizes), config=cfg, keep_pre=True, **kwargs)
-        np.testing.assert_array_equal(np.asarray(kept), np.asarray(out))
-        want_h = gmm64(lhs, rhs, sizes, lhs_row_index=kwargs["lhs_row_index"], bias=kwargs["bias"])
-        assert h.shape == (m, 2 * n_out) and rel_err(h, want_h) < _tol(jnp.float32)
-        assert not np.asarray(h[sizes.sum() :]).any()
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,7 @@ A backend (`Backend`, one module each, one `REGISTRY` entry) provides the ops of
 each with the contract of the Triton kernel of the same name (`moe_pallas.kernels`):
 
     gmm(lhs, rhs, group_sizes, *, lhs_row_index, transpose_rhs, bias, activation, row_scale,
-        out_dtype, keep_pre)                         out[m] = epilogue(lhs[src(m)] @ rhs[g(m)])
-                                                     (and a GLU's pre-activation with keep_pre)
+        out_dtype)                                   out[m] = epilogue(lhs[src(m)] @ rhs[g(m)])
     tgmm(lhs, rhs, group_sizes, *, lhs_row_index, rhs_row_index, rhs_row_scale, out_dtype,
          rhs_sums)                                   out[g] = Σ_{m in g} lhs[src(m)]ᵀ r(m)
     combine(rows, pair_row, *, out_dtype)            out[t] = Σ_j rows[pair_row[t, j]]
@@ -45,7 +44,6 @@ import jax
 import jax.numpy as jnp
 
 from moe_pallas import quant, tuning
-from moe_pallas.activations import glu, split_gate_up
 
 Implementation = Literal["auto", "pallas_triton", "mosaic_gpu", "xla"]
 IMPLEMENTATIONS: tuple[str, ...] = ("auto", "pallas_triton", "mosaic_gpu", "xla")
@@ -168,11 +166,9 @@ def gmm(
     activation: str | None = None,
     row_scale: jax.Array | None = None,
     out_dtype=None,
-    keep_pre: bool = False,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+) -> jax.Array:
     """`kernels.gmm.gmm`'s contract on the backend the policy selects for this call; rhs may be a
-    `quant.QuantizedWeight` (transposed: dequantised here, per call). With keep_pre (a GLU) the
-    pair (output, pre-activation h)."""
+    `quant.QuantizedWeight` (transposed: dequantised here, per call)."""
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     weight_format = None
     if quant.is_quantized(rhs):
@@ -203,18 +199,7 @@ def gmm(
         activation=activation,
         row_scale=row_scale,
         out_dtype=out_dtype,
-        **({"keep_pre": True} if keep_pre else {}),
     )
-
-
-def glu_of_pre(gmm_fn, lhs, rhs, group_sizes, *, activation, row_scale=None, out_dtype, **kwargs):
-    """(output, h) of a GLU gmm call with keep_pre, for a backend whose kernel stores one output:
-    h from `gmm_fn` without the activation, the GLU and row_scale on it in XLA (float32 math)."""
-    h = gmm_fn(lhs, rhs, group_sizes, out_dtype=out_dtype, **kwargs)
-    out = glu(*split_gate_up(h.astype(jnp.float32), activation), activation)
-    if row_scale is not None:
-        out = out * row_scale.astype(jnp.float32)[: h.shape[0], None]
-    return out.astype(out_dtype), h
 
 
 def tgmm(

@@ -89,26 +89,8 @@ def config(lhs, rhs, transpose_rhs, activation, num_rows) -> MosaicConfig:
 
 
 def gmm(
-    lhs,
-    rhs,
-    group_sizes,
-    *,
-    lhs_row_index=None,
-    transpose_rhs=False,
-    activation=None,
-    keep_pre=False,
-    **epilogue,
+    lhs, rhs, group_sizes, *, lhs_row_index=None, transpose_rhs=False, activation=None, **epilogue
 ):
-    if keep_pre:  # its epilogue stores one output
-        return backends.glu_of_pre(
-            gmm,
-            lhs,
-            rhs,
-            group_sizes,
-            activation=activation,
-            lhs_row_index=lhs_row_index,
-            **epilogue,
-        )
     if lhs_row_index is not None:
         lhs = lhs[lhs_row_index]
     cfg = config(lhs, rhs, transpose_rhs, activation, lhs.shape[0])

@@ -85,17 +85,6 @@ def gmm(
         n_dim // 2 if activation else n_dim,
         activation,
     )
-    if quant.is_quantized(rhs) and epilogue.pop("keep_pre", False):  # one output: h, then XLA
-        return backends.glu_of_pre(
-            gmm,
-            lhs,
-            rhs,
-            group_sizes,
-            activation=activation,
-            lhs_row_index=lhs_row_index,
-            out_dtype=out_dtype,
-            **epilogue,
-        )
     if quant.is_quantized(rhs):  # (transposed ones arrive dequantised: backends.gmm)
         return _gmm_quant(
             lhs,

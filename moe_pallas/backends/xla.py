@@ -46,21 +46,8 @@ def gmm(
     activation=None,
     row_scale=None,
     out_dtype=None,
-    keep_pre=False,
 ):
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
-    if keep_pre:
-        return backends.glu_of_pre(
-            gmm,
-            lhs,
-            rhs,
-            group_sizes,
-            activation=activation,
-            row_scale=row_scale,
-            out_dtype=out_dtype,
-            lhs_row_index=lhs_row_index,
-            bias=bias,
-        )
     if quant.is_quantized(rhs):  # a dense copy per call (module docstring)
         rhs = rhs.dequantize()
     if lhs_row_index is not None:

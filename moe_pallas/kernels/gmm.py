@@ -5,10 +5,7 @@ reads `lhs[lhs_row_index[m]]` (or `lhs[m]`) and multiplies it by `rhs[g]` (`[K, 
 with `transpose_rhs`) of its group g, accumulating in float32. The epilogue then adds `bias[g]`,
 applies the GLU `activation` (rhs has 2·N_out columns: two accumulators per tile, gate and up,
 in the layout of the activation, see `moe_pallas.activations`), and multiplies by
-`row_scale[m]`. Rows past sum(group_sizes) are written as zeros. With `keep_pre` a GLU call
-also stores its pre-activation h = lhs @ rhs + bias (`[M, 2·N_out]`, out_dtype), the residual
-the backward reads: h and a = glu(h) leave one kernel, a computed from the float32 accumulators
-(as without keep_pre, so a forward under jax.grad gives the primal's output bit for bit).
+`row_scale[m]`. Rows past sum(group_sizes) are written as zeros.
 
 Tiling. A 1-D grid over (visit, n-tile) pairs, where the visits come from `dispatch.tile_schedule`:
 each visit is an m-tile of at most block_m rows of one group, tiles starting at the group's first
@@ -69,7 +66,6 @@ def _gmm_kernel(
     has_bias: bool,
     activation: str | None,
     has_row_scale: bool,
-    keep_pre: bool,
     compute_dtype,
 ):
     it = iter(refs)
@@ -79,7 +75,6 @@ def _gmm_kernel(
     bias_ref = next(it) if has_bias else None
     row_scale_ref = next(it) if has_row_scale else None
     out_ref = next(it)
-    pre_ref = next(it) if keep_pre else None
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
 
     # Swizzle: walk group_m visits down each n-column before moving right.
@@ -113,14 +108,6 @@ def _gmm_kernel(
         row_ok = (rows >= row_start) & (rows < row_end)
         return row_ok, _and(row_ok[:, None], None if n_mask is None else n_mask[None, :])
 
-    def store_pre(seg, h, off, row_ok):  # h's columns behind the bn outputs, one per block
-        for acc, (c0, width, c_mask) in zip(seg, blocks):
-            plgpu.store(
-                pre_ref.at[pl.ds(m0 + off, h), pl.ds(c0, width)],
-                acc.astype(pre_ref.dtype),
-                mask=_and(row_ok[:, None], None if c_mask is None else c_mask[None, :]),
-            )
-
     @pl.when(used & (g == num_groups))
     def _tail_rows():
         plgpu.store(
@@ -128,9 +115,6 @@ def _gmm_kernel(
             jnp.zeros((bm, bn), out_ref.dtype),
             mask=masks(bm)[1],
         )
-        if keep_pre:
-            zeros = tuple(jnp.zeros((bm, width), jnp.float32) for _, width, _ in blocks)
-            store_pre(zeros, bm, 0, masks(bm)[0])
 
     def grouped_rows(bm, tail=0):
         """The visit's rows in a tile of bm rows (one of cfg.m_paths()), and with tail the
@@ -185,8 +169,6 @@ def _gmm_kernel(
                     + _load(bias_ref.at[g, pl.ds(c0, width)], c_mask).astype(jnp.float32)[None, :]
                     for acc, (c0, width, c_mask) in zip(seg, blocks)
                 )
-            if keep_pre:
-                store_pre(seg, h, off, row_ok)
             if activation == "gptoss":
                 seg = jnp.unstack(seg[0].reshape(h, bn, 2), axis=-1)  # (gate, up)
             out = glu(seg[0], seg[1], activation) if activation else seg[0]
@@ -228,9 +210,8 @@ def gmm(
     activation: str | None = None,
     row_scale: jax.Array | None = None,
     out_dtype=None,
-    keep_pre: bool = False,
     config: BlockConfig | None = None,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+) -> jax.Array:
     """Grouped matmul with in-kernel row gather and a fused epilogue (see the module docstring).
 
     lhs `[M_src, K]`; lhs_row_index `[M]` int32 (row m reads lhs[lhs_row_index[m]]), else M = M_src;
@@ -238,7 +219,7 @@ def gmm(
     activation None | "swiglu" | "gptoss" (then N = 2·N_out); row_scale `[M]`; config: the
     block sizes (default `BlockConfig()`; the backends pass the tuning table's, see
     `moe_pallas.tuning`), fitted to the problem. Returns `[M, N_out]` in out_dtype (default
-    lhs.dtype); with keep_pre (a GLU only) the pair (that, h `[M, N]` in out_dtype).
+    lhs.dtype).
     """
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation={activation!r} must be one of {_ACTIVATIONS}.")
@@ -247,8 +228,6 @@ def gmm(
     num_groups, k_dim, n_dim = _common.grouped_dims(lhs, rhs, group_sizes, transpose_rhs)
     if activation is not None and (transpose_rhs or n_dim % 2):
         raise ValueError("a GLU activation needs a non-transposed rhs with an even column count.")
-    if keep_pre and activation is None:
-        raise ValueError("keep_pre stores a GLU's pre-activation: pass an activation.")
     if bias is not None and bias.shape != (num_groups, n_dim):
         raise ValueError(f"bias must be [{num_groups}, {n_dim}], got {bias.shape}.")
     gather = lhs_row_index is not None
@@ -261,8 +240,7 @@ def gmm(
     n_out = n_dim // 2 if activation else n_dim
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     if num_rows == 0 or n_out == 0:
-        out = jnp.zeros((num_rows, n_out), out_dtype)
-        return (out, jnp.zeros((num_rows, n_dim), out_dtype)) if keep_pre else out
+        return jnp.zeros((num_rows, n_out), out_dtype)
     if k_dim == 0:
         return gmm(
             jnp.zeros((1, 16), lhs.dtype),
@@ -273,7 +251,6 @@ def gmm(
             activation=activation,
             row_scale=row_scale,
             out_dtype=out_dtype,
-            keep_pre=keep_pre,
             config=config,
         )
 
@@ -302,15 +279,11 @@ def gmm(
         has_bias=bias is not None,
         activation=activation,
         has_row_scale=row_scale is not None,
-        keep_pre=keep_pre,
         compute_dtype=jnp.promote_types(lhs.dtype, rhs.dtype),
     )
-    out_shape = jax.ShapeDtypeStruct((num_rows, n_out), out_dtype)
-    if keep_pre:
-        out_shape = (out_shape, jax.ShapeDtypeStruct((num_rows, n_dim), out_dtype))
     return pl.pallas_call(
         kernel,
-        out_shape=out_shape,
+        out_shape=jax.ShapeDtypeStruct((num_rows, n_out), out_dtype),
         grid=(num_visits * pl.cdiv(n_out, cfg.block_n),),
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=_common.interpret_mode(),
