@@ -22,8 +22,9 @@ The policy. `implementation=` names a policy, resolved once per call by `resolve
 - "auto": off GPU "xla". On a GPU each op runs on the first backend of `AUTO_CANDIDATES[op]` that
   is available on the device, supports the call and has an entry for its (kernel, dtype, K, N,
   rows class) in the tuning table; else on "pallas_triton". On the H200 that is Mosaic GPU for
-  the listed plain gmm shapes and "cublas_slab" (one batched cuBLAS matmul over capacity slabs)
-  for 16-bit weight gradients at more than 16 rows per group.
+  the listed plain gmm shapes and gpt-oss's dx (gmm_t, K = 5760, N = 2880) at large batches,
+  and "cublas_slab" (one batched cuBLAS matmul over capacity slabs) for 16-bit weight gradients
+  at more than 16 rows per group.
 Quantised weights (`moe_pallas.quant`): a gmm whose rhs is a `QuantizedWeight` carries its
 `weight_format` in the Problem; "pallas_triton" runs it (`kernels.gmm_quant`, the weights
 converted on chip), Mosaic GPU does not support it, so "auto" and "mosaic_gpu" give it to
@@ -100,7 +101,7 @@ REGISTRY: dict[str, Backend] = {}
 AUTO_CANDIDATES: dict[str, tuple[str, ...]] = {
     "gmm": ("mosaic_gpu",),
     "gmm_glu": (),
-    "gmm_t": (),
+    "gmm_t": ("mosaic_gpu",),
     "tgmm": ("cublas_slab",),
 }
 
