@@ -38,6 +38,7 @@ in `AUTO_CANDIDATES` if "auto" may choose it, with tuning-table entries saying w
 """
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Literal, NamedTuple
 
@@ -253,6 +254,18 @@ def scaled_rows(
     if row_scale is None:
         return rows
     return (rows.astype(jnp.float32) * row_scale.astype(jnp.float32)[:, None]).astype(rows.dtype)
+
+
+def rhs_as_stored(tgmm: Callable) -> Callable:
+    """A backend's tgmm that reads rhs as stored, given the contract's rhs_row_index and
+    rhs_row_scale: the rows r(m) are materialised first (`scaled_rows`)."""
+
+    @functools.wraps(tgmm)
+    def wrapped(lhs, rhs, group_sizes, *, rhs_row_index=None, rhs_row_scale=None, **kwargs):
+        rhs = scaled_rows(rhs, rhs_row_index, rhs_row_scale)
+        return tgmm(lhs, rhs, group_sizes, **kwargs)
+
+    return wrapped
 
 
 def block_ops(policy: str) -> Backend:

@@ -105,19 +105,8 @@ def gmm(
     )
 
 
-def tgmm(
-    lhs,
-    rhs,
-    group_sizes,
-    *,
-    lhs_row_index=None,
-    rhs_row_index=None,
-    rhs_row_scale=None,
-    out_dtype=None,
-    rhs_sums=False,
-):
+def tgmm(lhs, rhs, group_sizes, *, lhs_row_index=None, out_dtype=None, rhs_sums=False):
     gathered = lhs if lhs_row_index is None else lhs[lhs_row_index]
-    rhs = backends.scaled_rows(rhs, rhs_row_index, rhs_row_scale)  # TMA reads rows as stored
     out = _tgmm_mgpu.tgmm(gathered, rhs, group_sizes, out_dtype=out_dtype)
     if not rhs_sums:
         return out
@@ -129,7 +118,7 @@ def tgmm(
 BACKEND = backends.Backend(
     name="mosaic_gpu",
     gmm=gmm,
-    tgmm=tgmm,
+    tgmm=backends.rhs_as_stored(tgmm),
     combine=pallas_triton.combine,
     glu_backward=pallas_triton.glu_backward,
     supports=supports,

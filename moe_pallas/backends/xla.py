@@ -69,19 +69,8 @@ def gmm(
     return jnp.where(routed[:, None], out, 0).astype(out_dtype)
 
 
-def tgmm(
-    lhs,
-    rhs,
-    group_sizes,
-    *,
-    lhs_row_index=None,
-    rhs_row_index=None,
-    rhs_row_scale=None,
-    out_dtype=None,
-    rhs_sums=False,
-):
+def tgmm(lhs, rhs, group_sizes, *, lhs_row_index=None, out_dtype=None, rhs_sums=False):
     out_dtype = jnp.dtype(out_dtype or jnp.promote_types(lhs.dtype, rhs.dtype))
-    rhs = backends.scaled_rows(rhs, rhs_row_index, rhs_row_scale)
     if lhs_row_index is not None:
         lhs = lhs[lhs_row_index]
     dims = jax.lax.RaggedDotDimensionNumbers(
@@ -134,5 +123,10 @@ def experts(x, topk_idx, topk_weight, params, activation):
 
 
 BACKEND = backends.Backend(
-    name="xla", gmm=gmm, tgmm=tgmm, combine=combine, glu_backward=None, experts=experts
+    name="xla",
+    gmm=gmm,
+    tgmm=backends.rhs_as_stored(tgmm),
+    combine=combine,
+    glu_backward=None,
+    experts=experts,
 )
