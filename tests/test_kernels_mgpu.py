@@ -484,11 +484,14 @@ def test_mosaic_gpu_training_step_lowers_without_triton():
         )
 
 
-@pytest.mark.parametrize("tokens, mosaic_kernels", [(16384, 1), (2048, 0)])
-def test_auto_runs_mosaic_gpu_on_the_table_shapes_only(tokens, mosaic_kernels):
-    """Under "auto" on an H200, the gpt-oss layer's down projection at 512 rows per expert (in
-    the tuning table) lowers to Mosaic GPU; gate_up (row gather, GLU), combine and the backward
-    stay Triton, and nothing runs on Mosaic GPU at 64 rows per expert."""
+@pytest.mark.parametrize(
+    "tokens, mosaic_kernels, grad_mosaic_kernels", [(16384, 1, 2), (2048, 0, 0)]
+)
+def test_auto_runs_mosaic_gpu_on_the_table_shapes_only(tokens, mosaic_kernels, grad_mosaic_kernels):
+    """Under "auto" on an H200, the gpt-oss layer's down projection and the backward's dx at 512
+    rows per expert (in the tuning table) lower to Mosaic GPU; gate_up (row gather, GLU), combine
+    and the rest of the backward stay Triton, and nothing runs on Mosaic GPU at 64 rows per
+    expert."""
     from moe_pallas import fused
 
     args = _layer_args("gptoss", tokens)
@@ -498,7 +501,7 @@ def test_auto_runs_mosaic_gpu_on_the_table_shapes_only(tokens, mosaic_kernels):
     assert text.count("__gpu$xla.gpu.triton") == 3 - mosaic_kernels
     loss = lambda x, i, w, p: jnp.sum(layer(x, i, w, p).astype(jnp.float32))
     grad_text = _lower_for_h200(jax.grad(loss, (0, 2, 3)), *args)
-    assert grad_text.count("mosaic_gpu_v2") == mosaic_kernels
+    assert grad_text.count("mosaic_gpu_v2") == grad_mosaic_kernels
 
 
 def _mosaic_entries():
@@ -507,20 +510,31 @@ def _mosaic_entries():
 
 
 @pytest.mark.parametrize("out_dtype", [BF16, jnp.float32])
-@pytest.mark.parametrize("entry", _mosaic_entries(), ids=lambda e: f"{e['k']}x{e['n']}")
+@pytest.mark.parametrize(
+    "entry", _mosaic_entries(), ids=lambda e: f"{e['kernel']}-{e['k']}x{e['n']}"
+)
 def test_auto_table_entries_lower_for_h200(entry, out_dtype):
-    """Every mosaic_gpu entry of the tuning table, with the bias and row scale of the layer's
-    down call, lowers for an H200 at a shape of its rows class (512 rows per group, 128 groups):
-    its tiles divide K and N and its TMA ring fits in shared memory. A float32 output (twice the
-    store buffer, past the shared memory of the 4-stage entries) runs on Triton instead."""
+    """Every mosaic_gpu entry of the tuning table lowers for an H200 at a shape of its rows class
+    (512 rows per group, 128 groups) as the layer calls it (gmm: the down call's bias and row
+    scale; gmm_t: dx, rhs transposed): its tiles divide K and N and its TMA ring fits in shared
+    memory. A float32 output (twice the store buffer, past the shared memory of the 4-stage
+    entries) runs on Triton instead."""
     assert entry["rows"] == "large"  # the rows per group below; extend for other classes
     k, n, groups = entry["k"], entry["n"], 128
     rows = 512 * groups
-    fn = lambda lhs, rhs, sizes, bias, row_scale: backends.gmm(
-        "auto", lhs, rhs, sizes, bias=bias, row_scale=row_scale, out_dtype=out_dtype
-    )
-    args = (SDS((rows, k), BF16), SDS((groups, k, n), BF16), SDS((groups,), jnp.int32))
-    text = _lower_for_h200(fn, *args, SDS((groups, n), BF16), SDS((rows,), jnp.float32))
+    args = (SDS((rows, k), BF16),)
+    if entry["kernel"] == "gmm_t":
+        fn = lambda lhs, rhs, sizes: backends.gmm(
+            "auto", lhs, rhs, sizes, transpose_rhs=True, out_dtype=out_dtype
+        )
+        args += (SDS((groups, n, k), BF16), SDS((groups,), jnp.int32))
+    else:
+        fn = lambda lhs, rhs, sizes, bias, row_scale: backends.gmm(
+            "auto", lhs, rhs, sizes, bias=bias, row_scale=row_scale, out_dtype=out_dtype
+        )
+        args += (SDS((groups, k, n), BF16), SDS((groups,), jnp.int32))
+        args += (SDS((groups, n), BF16), SDS((rows,), jnp.float32))
+    text = _lower_for_h200(fn, *args)
     mosaic = out_dtype == BF16
     assert text.count("mosaic_gpu_v2") == mosaic
     assert text.count("__gpu$xla.gpu.triton") == (not mosaic)
