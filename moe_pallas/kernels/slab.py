@@ -9,8 +9,9 @@ For a capacity C:
 The scaled gather is the train step's dy = row_weight ⊙ dout[row_token] built where it is read,
 so the backward never writes dy as an [M, D] array of its own.
 The slabs are the operands of the cublas_slab backend's batched matmul
-(`moe_pallas.backends.cublas_slab`), the sums its bias gradients. Rows past a group are never loaded (masked loads), so NaN there reaches nothing; the
-sums run in a fixed order (bitwise reproducible).
+(`moe_pallas.backends.cublas_slab`), the sums its bias gradients. Rows past a group are never
+loaded (masked loads), so NaN there reaches nothing; the sums run in a fixed order (bitwise
+reproducible).
 
 Tiling. A 2-D grid over (block_d columns, group); each program walks its group's first C rows
 in block_c steps, storing each [block_c, block_d] tile (zeros past the group) and adding it to a

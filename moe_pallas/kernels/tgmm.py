@@ -4,7 +4,8 @@ Math. Rows m in [0, M) are split into contiguous groups by `group_sizes`; for ea
 `out[g] = Σ_{m in g} lhs[src(m)]ᵀ ⊗ r(m)` (`[K, N]`, float32 accumulation), where
 src(m) = lhs_row_index[m] if given (gathered in the kernel) else m, and r(m) = rhs[m], or
 rhs_row_scale[m] · rhs[rhs_row_index[m]] rounded to rhs's dtype when those are given (the train
-step's dy = row_weight ⊙ dout[row_token], never stored). This is the weight gradient of `gmm`. Empty groups give exact zeros; rows past sum(group_sizes) contribute nothing. With
+step's dy = row_weight ⊙ dout[row_token], never stored). This is the weight gradient of `gmm`.
+Empty groups give exact zeros; rows past sum(group_sizes) contribute nothing. With
 rhs_sums, also `sums[g] = Σ_{m in g} r(m)` (`[N]`, float32; a bias gradient): lhs is copied
 with a column of ones at index K (padded to K + 8 columns, so rows stay 16-byte aligned), so the
 sums are row K of the product, computed by the same dots (in the K tail of the last k-tile, which
