@@ -6,15 +6,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from moe_pallas import backends
 from moe_pallas.kernels import slab
 
 
 def _rows(src, index, scale):
     """The rows the slab reads, in src's dtype: gathered, and scaled as the kernel rounds them."""
-    rows = src if index is None else src[jnp.asarray(index)]
-    if scale is not None:
-        rows = (rows.astype(jnp.float32) * jnp.asarray(scale)[:, None]).astype(src.dtype)
-    return np.asarray(rows, np.float64)
+    index, scale = (None if a is None else jnp.asarray(a) for a in (index, scale))
+    return np.asarray(backends.scaled_rows(src, index, scale), np.float64)
 
 
 def _expected(rows, offsets, cap):

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 
 from moe_pallas import quant, tuning
+from moe_pallas.kernels import _common
 
 Implementation = Literal["auto", "pallas_triton", "mosaic_gpu", "xla"]
 IMPLEMENTATIONS: tuple[str, ...] = ("auto", "pallas_triton", "mosaic_gpu", "xla")
@@ -246,14 +247,12 @@ def tgmm(
 def scaled_rows(
     rows: jax.Array, row_index: jax.Array | None, row_scale: jax.Array | None
 ) -> jax.Array:
-    """r(m) = row_scale[m] · rows[row_index[m]] in rows' dtype (float32 product, rounded once, as
+    """r(m) = row_scale[m] · rows[row_index[m]] in rows' dtype (`kernels._common.scale_rows`, as
     the kernels that gather and scale on chip round it): tgmm's rhs for a backend that reads its
     rhs as stored."""
     if row_index is not None:
         rows = rows[row_index]
-    if row_scale is None:
-        return rows
-    return (rows.astype(jnp.float32) * row_scale.astype(jnp.float32)[:, None]).astype(rows.dtype)
+    return rows if row_scale is None else _common.scale_rows(rows, row_scale)
 
 
 def rhs_as_stored(tgmm: Callable) -> Callable:

@@ -88,6 +88,14 @@ def clamp_group_ends(group_sizes: jax.Array, num_rows: int) -> jax.Array:
     return jax.lax.associative_scan(lambda a, b: b + jnp.minimum(a, num_rows - b), sizes)
 
 
+def scale_rows(rows: jax.Array, row_scale: jax.Array) -> jax.Array:
+    """rows[m] · row_scale[m] as a float32 product rounded once to rows' dtype: the one rounding
+    of the backward's dy = row_weight ⊙ dout[row_token], wherever it is built (the slab and tgmm
+    kernels' loads, `backends.scaled_rows`), so every backend's weight gradient sees the same
+    bits."""
+    return (rows.astype(jnp.float32) * row_scale.astype(jnp.float32)[:, None]).astype(rows.dtype)
+
+
 def clamp_group_sizes(group_sizes: jax.Array, num_rows: int) -> jax.Array:
     """The sizes of `clamp_group_ends`' groups."""
     return jnp.diff(clamp_group_ends(group_sizes, num_rows), prepend=jnp.zeros((1,), jnp.int32))

@@ -53,7 +53,7 @@ def _slab_kernel(*refs, cap, dim, bc, bd, gather, scale, sums):
             tile = plgpu.load(src_ref.at[pl.ds(r0, bc), pl.ds(d0, bd)], mask=mask, other=0)
         if scale:
             w = plgpu.load(scale_ref.at[pl.ds(r0, bc)], mask=row_ok[:, 0], other=0)
-            tile = (tile.astype(jnp.float32) * w[:, None]).astype(tile.dtype)
+            tile = _common.scale_rows(tile, w)
         return tile
 
     def slab_step(i, acc):

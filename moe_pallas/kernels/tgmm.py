@@ -129,7 +129,7 @@ def _tgmm_kernel(
             b = plgpu.load(rhs_ref.at[pl.ds(r0, bm), pl.ds(tile * bn, bn)], mask=b_mask, other=0)
         if rhs_scale:
             w = plgpu.load(rhs_scale_ref.at[pl.ds(r0, bm)], mask=row_ok[:, 0], other=0)
-            b = (b.astype(jnp.float32) * w[:, None]).astype(b.dtype)
+            b = _common.scale_rows(b, w)
         return b.astype(compute_dtype)
 
     # A group of at most block_m rows (empty ones too: all loads masked, exact zeros; skipped when
