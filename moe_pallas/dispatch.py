@@ -55,15 +55,12 @@ def dispatch(topk_idx: jax.Array, num_experts: int) -> Dispatch:
     expert = topk_idx.reshape(-1).astype(jnp.int32)
     num_pairs = expert.shape[0]
     key = jnp.where((expert >= 0) & (expert < num_experts), expert, num_experts)
-    if num_pairs * num_pairs <= _RANK_MAX:
-        row_pair, pair_row = _rank_sort(key)
-    else:
-        row_pair = jnp.argsort(key, stable=True).astype(jnp.int32)
-        pair_row = (
-            jnp.zeros_like(row_pair)
-            .at[row_pair]
-            .set(jnp.arange(num_pairs, dtype=jnp.int32), unique_indices=True)
-        )
+    row_pair = jnp.argsort(key, stable=True).astype(jnp.int32)
+    pair_row = (
+        jnp.zeros_like(row_pair)
+        .at[row_pair]
+        .set(jnp.arange(num_pairs, dtype=jnp.int32), unique_indices=True)
+    )
     group_offsets = searchsorted(
         key[row_pair], jnp.arange(num_experts + 1, dtype=jnp.int32), side="left"
     )
@@ -75,23 +72,6 @@ def dispatch(topk_idx: jax.Array, num_experts: int) -> Dispatch:
         group_offsets=group_offsets,
         row_expert=key[row_pair],
     )
-
-
-_RANK_MAX = 1 << 22  # M·M compares; past this XLA's sort (a few kernels) is cheaper
-
-
-def _rank_sort(key: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(row_pair, pair_row) of the stable sort of `key` from ranks: pair p's row is the number of
-    pairs before it in (key, p) order, one compare-all reduction, and its inverse a second one.
-    Two fused kernels where XLA's sort takes a sort kernel, copies and a scatter for the inverse:
-    at decode, where the layer is a few dozen microseconds, each launch shows."""
-    p = jnp.arange(key.shape[0], dtype=jnp.int32)
-    before = (key[None, :] < key[:, None]) | (
-        (key[None, :] == key[:, None]) & (p[None, :] < p[:, None])
-    )
-    pair_row = jnp.sum(before, axis=1, dtype=jnp.int32)
-    row_pair = jnp.sum(jnp.where(pair_row[None, :] == p[:, None], p[None, :], 0), axis=1)
-    return row_pair.astype(jnp.int32), pair_row
 
 
 _COMPARE_ALL_MAX = 1 << 26  # compares; past this the binary search's O(log n) launches are cheaper
