@@ -9,7 +9,7 @@ oracles are jitted and run there too, under jax.enable_x64). Checked: relative e
 groups, empty groups), and every output finite (interpret mode pre-fills outputs with NaN, so a
 never-written element fails).
 
-Profiles: "ci" (default, 60 examples per test, ~3 min on 2 CPU cores) and "long" (10,000 per
+Profiles: "ci" (default, 60 examples per test, ~1 min on 2 CPU cores) and "long" (10,000 per
 test), chosen by `--long` or HYPOTHESIS_PROFILE=long (loaded when this module is imported, so it
 applies to every hypothesis test of the pytest session). `--fuzz-minutes M` shares M minutes among
 the fuzz tests: a test past its share ends as skipped (the examples it checked passed; the
