@@ -42,6 +42,7 @@ class PPConfig:
     num_stages: int = 4
     grid_tile_n: int = 4
     half_tail: bool = True
+    epi_n: int | None = None  # store the tile in [rows, epi_n] chunks through one buffer
 
 
 def _kernel(group_gmem, tile8_gmem, row_start_gmem, row_end_gmem, lhs_gmem, rhs_gmem, out_gmem,
@@ -50,6 +51,7 @@ def _kernel(group_gmem, tile8_gmem, row_start_gmem, row_end_gmem, lhs_gmem, rhs_
     n_dim = out_gmem.shape[1]
     bm, bn, bk, stages = cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages
     hm = bm // 2
+    epi_n = cfg.epi_n or bn
     n_tiles, k_steps = n_dim // bn, k_dim // bk
     cta = jax.lax.axis_index("sm")
     items = _common.div(num_visits * n_tiles - cta + num_ctas - 1, num_ctas)
@@ -94,8 +96,9 @@ def _kernel(group_gmem, tile8_gmem, row_start_gmem, row_end_gmem, lhs_gmem, rhs_
 
                 acc = pl.run_scoped(run, plgpu.ACC((rows, bn), jnp.float32))
                 o = o_smem.at[wg] if rows == bm else o_smem.at[wg, pl.ds(0, rows)]
-                o[...] = acc.astype(o.dtype)
-                _store_rows(o, out_gmem, a0, row_start, size, ni * bn)
+                for c in range(bn // epi_n):
+                    o[...] = acc[:, c * epi_n : (c + 1) * epi_n].astype(o.dtype)
+                    _store_rows(o, out_gmem, a0, row_start, size, ni * bn + c * epi_n)
 
             def per_item(i, s):
                 g, row_start, size, a0, ni, active, half = item(i)
@@ -111,8 +114,9 @@ def _kernel(group_gmem, tile8_gmem, row_start_gmem, row_end_gmem, lhs_gmem, rhs_
 
                 @pl.when(mine & (size > 0) & (g == num_groups))
                 def _():
-                    o_smem[wg] = jnp.zeros((bm, bn), o_smem.dtype)
-                    _store_rows(o_smem.at[wg], out_gmem, a0, row_start, size, ni * bn)
+                    o_smem[wg] = jnp.zeros((bm, epi_n), o_smem.dtype)
+                    for c in range(bn // epi_n):
+                        _store_rows(o_smem.at[wg], out_gmem, a0, row_start, size, ni * bn + c * epi_n)
 
                 return s + jnp.where(active, k_steps, 0)
 
@@ -161,7 +165,7 @@ def _kernel(group_gmem, tile8_gmem, row_start_gmem, row_end_gmem, lhs_gmem, rhs_
         body,
         plgpu.SMEM((stages, bm, bk), lhs_gmem.dtype),
         plgpu.SMEM((stages, bk, bn), rhs_gmem.dtype),
-        plgpu.SMEM((2, bm, bn), out_gmem.dtype),
+        plgpu.SMEM((2, bm, epi_n), out_gmem.dtype),
         plgpu.Barrier(num_arrivals=2, num_barriers=2 * stages),
         plgpu.Barrier(num_arrivals=1, num_barriers=stages),
         collective_axes="wg",
@@ -219,6 +223,7 @@ def self_check():
         (300, 192, 256, [70, 64, 0, 100, 50], PPConfig(num_stages=2)),
         (96, 64, 128, [96], PPConfig(half_tail=False)),
         (130, 128, 128, [1, 1, 120], PPConfig(num_stages=3)),
+        (200, 128, 256, [3, 0, 150, 40], PPConfig(epi_n=64, num_stages=6)),
     ]:
         lhs = jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16)
         rhs = jnp.asarray(rng.standard_normal((len(sizes), k, n)), jnp.bfloat16)
@@ -237,10 +242,10 @@ SHAPES = {  # name: (K, N, E, k)
     "swiglu down": (2048, 4096, 256, 8),
 }
 CONFIGS = {
-    "pp 128x128 s4": PPConfig(),
     "pp 128x128 s5": PPConfig(num_stages=5),
-    "pp 128x128 s4 full tail": PPConfig(half_tail=False),
-    "pp 128x192 s3": PPConfig(block_n=192, num_stages=3),
+    "pp 128x128 s6 epi64": PPConfig(num_stages=6, epi_n=64),
+    "pp 128x128 s5 epi64": PPConfig(num_stages=5, epi_n=64),
+    "pp 128x192 s4 epi64": PPConfig(block_n=192, num_stages=4, epi_n=64),
 }
 
 
