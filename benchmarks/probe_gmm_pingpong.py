@@ -302,8 +302,65 @@ def time_gpu(out_path, rows=65536):
                   indent=1)
 
 
+def diagnose(out_path, rows=65536):
+    """Where the routed rows lose against equal groups: group sizes with and without tails."""
+    import moe_pallas
+    from benchmarks.bench_gmm import time_op
+
+    jax.config.update("jax_compilation_cache_dir", "/tmp/jax_cache_probe")
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    experts, top_k = 128, 4
+    routed = np.asarray(dispatch.dispatch(
+        jax.random.randint(jax.random.key(0), (rows // top_k, top_k), 0, experts, jnp.int32),
+        experts).group_sizes)
+    rounded = np.maximum(np.round(routed / 128).astype(int) * 128, 0)
+    rounded[-1] += rows - rounded.sum()
+    sizes = {
+        "equal": np.full(experts, rows // experts),
+        "routed": routed,
+        "508/516": np.tile([508, 516], experts // 2),
+        "504/520": np.tile([504, 520], experts // 2),
+        "448/576": np.tile([448, 576], experts // 2),
+        "routed rounded to 128": rounded,
+        "routed sorted by size": np.sort(routed),
+    }
+    impls = {
+        "mosaic table": lambda x, w, s: moe_pallas.ragged_dot(x, w, s, implementation="mosaic_gpu"),
+        "triton": lambda x, w, s: moe_pallas.ragged_dot(x, w, s, implementation="pallas_triton"),
+        "pp 128x192 s4 epi64": lambda x, w, s: gmm_pp(x, w, s, PPConfig(block_n=192, epi_n=64)),
+        "pp 128x192 s4 epi64 full tail": lambda x, w, s: gmm_pp(
+            x, w, s, PPConfig(block_n=192, epi_n=64, half_tail=False)),
+        "pp 128x128 s5 epi64": lambda x, w, s: gmm_pp(x, w, s, PPConfig(num_stages=5, epi_n=64)),
+    }
+    results = []
+    for name in ("gptoss down", "gptoss gate_up"):
+        k_dim, n_dim, _, _ = SHAPES[name]
+        k2, k3 = jax.random.split(jax.random.key(1))
+        lhs = jax.random.normal(k2, (rows, k_dim), jnp.bfloat16)
+        rhs = (jax.random.normal(k3, (experts, k_dim, n_dim), jnp.float32) * k_dim**-0.5).astype(
+            jnp.bfloat16)
+        flops = 2 * rows * k_dim * n_dim
+        for label, fn in impls.items():
+            if name == "gptoss down" and label.startswith("pp 128x128"):
+                continue
+            row = {"shape": name, "impl": label}
+            for routing, sz in sizes.items():
+                assert sz.sum() == rows and (sz >= 0).all(), routing
+                try:
+                    row[routing] = flops / time_op(fn, lhs, rhs, jnp.asarray(sz, jnp.int32)) / 1e12
+                except Exception as e:  # noqa: BLE001 - probe: record and go on
+                    row[routing] = f"{type(e).__name__}: {str(e)[:200]}"
+            print(json.dumps(row), flush=True)
+            results.append(row)
+    with open(out_path, "w") as f:
+        json.dump({"device": jax.devices()[0].device_kind, "results": results}, f, indent=1)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 1:
+    if len(sys.argv) > 2 and sys.argv[1] == "diagnose":
+        diagnose(sys.argv[2])
+    elif len(sys.argv) > 1:
         self_check()
         time_gpu(sys.argv[1])
     else:
