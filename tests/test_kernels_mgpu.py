@@ -119,6 +119,54 @@ def test_gmm_epilogue_matches_oracle(consumers, split, has_bias, has_row_scale, 
     assert rel_err(out, ref) < 1e-5  # bias and scale are applied in float32
 
 
+PINGPONG = gmm_mgpu.MosaicConfig(64, 128, 32, num_stages=3, consumers=2, split="pingpong", epi_n=64)
+
+
+@pytest.mark.parametrize(
+    "num_rows, group_sizes, has_epilogue, transpose_rhs",
+    [
+        (100, [30, 0, 50, 13], True, False),  # unaligned starts, an empty group, zero tail
+        (300, [70, 64, 0, 100, 50, 16], False, True),  # more items than the two consumers
+        (1, [0, 0, 1, 0], True, True),  # T = 1: one item, consumer 1 idle
+        (72, [5, 7, 9, 51], False, False),  # tiny groups sharing 8-row units
+    ],
+)
+def test_gmm_pingpong_matches_oracle(num_rows, group_sizes, has_epilogue, transpose_rhs):
+    """Split "pingpong": consumers take alternate items of a CTA (INTERPRET_SMS = 2 CTAs stride
+    the list), the ring's steps counted over the items that multiply only."""
+    rng = np.random.default_rng(num_rows + 11)
+    lhs, rhs, sizes = _inputs(rng, num_rows, 96, 256, group_sizes, transpose_rhs=transpose_rhs)
+    g = len(group_sizes)
+    bias = jnp.asarray(rng.standard_normal((g, 256)), BF16) if has_epilogue else None
+    row_scale = jnp.asarray(rng.random(num_rows) + 0.5, jnp.float32) if has_epilogue else None
+    out = np.asarray(
+        gmm_mgpu.gmm(
+            lhs,
+            rhs,
+            sizes,
+            transpose_rhs=transpose_rhs,
+            bias=bias,
+            row_scale=row_scale,
+            out_dtype=jnp.float32,
+            config=PINGPONG,
+        )
+    )
+    ref = gmm64(lhs, rhs, sizes, transpose_rhs=transpose_rhs, bias=bias, row_scale=row_scale)
+    assert rel_err(out, ref) < 1e-5
+    assert np.all(out[sum(group_sizes) :] == 0)
+
+
+def test_pingpong_config_is_checked():
+    with pytest.raises(ValueError, match="consumers=2"):
+        gmm_mgpu.MosaicConfig(split="pingpong").fit(256, 256)
+    with pytest.raises(ValueError, match="no GLU epilogue"):
+        lhs, rhs, sizes = _inputs(np.random.default_rng(0), 8, 64, 256, [8])
+        gmm_mgpu.gmm(lhs, rhs, sizes, activation="swiglu", config=PINGPONG)
+    # chunks that do not divide the fitted tile store it whole
+    fitted = gmm_mgpu.MosaicConfig(128, 256, consumers=2, split="pingpong", epi_n=128).fit(2880, 64)
+    assert (fitted.block_n, fitted.epi_n) == (192, 192)
+
+
 WS_ROWS = gmm_mgpu.MosaicConfig(64, 64, 32, num_stages=2, grid_tile_n=2, consumers=2, split="m")
 
 
@@ -313,6 +361,28 @@ def test_gmm_glu_lowers_for_h200(activation, rows, h, n, groups, config):
         with pytest.raises(ValueError, match="interleaved"):
             _lower_for_h200(fn, *args, SDS((groups, n), BF16), SDS((rows,), jnp.float32))
         return
+    text = _lower_for_h200(fn, *args, SDS((groups, n), BF16), SDS((rows,), jnp.float32))
+    assert "mosaic_gpu_v2" in text
+
+
+@pytest.mark.parametrize("transpose_rhs", [False, True])
+@pytest.mark.parametrize(
+    "rows, k, n, groups, block_n, stages",
+    [
+        (65536, 2880, 2880, 128, 192, 4),
+        (8192, 5760, 2880, 128, 192, 4),
+        (65536, 2048, 4096, 256, 128, 5),
+    ],
+)
+def test_gmm_pingpong_lowers_for_h200(rows, k, n, groups, block_n, stages, transpose_rhs):
+    """The ping-pong tiles the table runs, with bias and row scale, within 227 KiB of shared
+    memory (the epilogue in 64-column chunks)."""
+    cfg = gmm_mgpu.MosaicConfig(128, block_n, 64, stages, consumers=2, split="pingpong", epi_n=64)
+    fn = lambda lhs, rhs, sizes, bias, row_scale: gmm_mgpu.gmm(
+        lhs, rhs, sizes, transpose_rhs=transpose_rhs, bias=bias, row_scale=row_scale, config=cfg
+    )
+    rhs = SDS((groups, n, k) if transpose_rhs else (groups, k, n), BF16)
+    args = (SDS((rows, k), BF16), rhs, SDS((groups,), jnp.int32))
     text = _lower_for_h200(fn, *args, SDS((groups, n), BF16), SDS((rows,), jnp.float32))
     assert "mosaic_gpu_v2" in text
 

@@ -89,9 +89,13 @@ class MosaicConfig:
     # 1: one warpgroup issues TMA and wgmma; 2: warp-specialised, a producer warpgroup feeds two
     # consumer warpgroups that each own a [block_m, block_n] half of the CTA's tile: its columns
     # (split "n": a [block_m, 2 * block_n] tile) or its rows (split "m": [2 * block_m, block_n],
-    # the layout of jax's hopper_matmul_mgpu example at its fastest on the H200).
+    # the layout of jax's hopper_matmul_mgpu example at its fastest on the H200); or, split
+    # "pingpong", whole [block_m, block_n] tiles of their own, alternately (`_kernel_pingpong`).
     consumers: int = 1
     split: str = "n"
+    # pingpong: the epilogue stores its tile in [block_m, epi_n] column chunks through one
+    # shared-memory buffer per consumer (None: the whole tile), leaving room for ring slots.
+    epi_n: int | None = None
 
     @property
     def cta_m(self) -> int:
@@ -100,8 +104,12 @@ class MosaicConfig:
 
     def fit(self, n: int, k: int) -> "MosaicConfig":
         """The largest block_n (block_k) of at most the configured size that divides N (K)."""
-        if self.split not in ("n", "m"):
-            raise ValueError(f'MosaicConfig.split={self.split!r} must be "n" or "m".')
+        if self.split not in ("n", "m", "pingpong"):
+            raise ValueError(f'MosaicConfig.split={self.split!r} must be "n", "m" or "pingpong".')
+        if self.split == "pingpong" and self.consumers != 2:
+            raise ValueError(
+                f'MosaicConfig(split="pingpong") needs consumers=2, got {self.consumers}.'
+            )
         if self.block_n < MIN_BLOCK_N:
             raise ValueError(
                 f"MosaicConfig.block_n={self.block_n} must be at least {MIN_BLOCK_N} (128 bytes of "
@@ -117,10 +125,15 @@ class MosaicConfig:
                 "that divides it (narrower tiles misalign the epilogue's shared-memory copies); "
                 'use implementation="pallas_triton", which masks tails.'
             )
+        block_n = cta_n // column_parts
+        epi_n = self.epi_n
+        if epi_n is not None and (epi_n < MIN_BLOCK_N or block_n % epi_n):
+            epi_n = block_n  # a fitted tile the chunks do not divide is stored whole
         return dataclasses.replace(
             self,
-            block_n=cta_n // column_parts,
+            block_n=block_n,
             block_k=fit_block("gmm_mgpu", self.block_k, k, "K", 16),
+            epi_n=epi_n,
         )
 
 
@@ -329,6 +342,167 @@ def _kernel_ws(
                 _store_rows(o_smem.at[wg], out_gmem, wg_a0, wg_start, wg_size, wg_col0)
 
 
+def _kernel_pingpong(
+    group_gmem,
+    tile8_gmem,
+    row_start_gmem,
+    row_end_gmem,
+    lhs_gmem,
+    rhs_gmem,
+    *refs,
+    num_groups: int,
+    num_visits: int,
+    num_ctas: int,
+    cfg: MosaicConfig,
+    transpose_rhs: bool,
+    has_bias: bool,
+    has_row_scale: bool,
+    activation: str | None,
+):
+    """Split "pingpong": consumer warpgroup c in {0, 1} takes the CTA's items (a visit's
+    [block_m, block_n] tile) i with i % 2 == c, whole, so one multiplies while the other runs its
+    epilogue, and a visit costs one tile (split "m" computes two block_m halves however few rows the
+    visit holds). Warpgroup 2 streams every item's k-steps, in item order, into one ring of
+    `num_stages` slots: the CTA's step s (counted over the items that multiply) lands in slot
+    s % num_stages and completes full[c, slot] for the item's consumer c, so each barrier has one
+    waiter and Mosaic GPU's implicit phase tracking holds; the consumer releases a slot on
+    empty[slot] once the wgmma reading it is done (one wgmma group kept in flight)."""
+    del activation  # refused by `gmm`
+    it = iter(refs)
+    bias_gmem = next(it) if has_bias else None
+    row_scale_gmem = next(it) if has_row_scale else None
+    out_gmem = next(it)
+    lhs_rows, k_dim = lhs_gmem.shape
+    n_dim = out_gmem.shape[1]
+    bm, bn, bk, stages = cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages
+    epi_n = cfg.epi_n or bn
+    n_tiles, k_steps = n_dim // bn, k_dim // bk
+    cta = jax.lax.axis_index("sm")
+    items = _common.div(num_visits * n_tiles - cta + num_ctas - 1, num_ctas)
+
+    def item(i):
+        """(group, first owned row, owned rows, the lhs box's first row, n-tile, multiplies)."""
+        v, ni = plgpu.planar_snake(cta + i * num_ctas, (num_visits, n_tiles), 1, cfg.grid_tile_n)
+        g = group_gmem[v]
+        row_start = row_start_gmem[v]
+        size = row_end_gmem[v] - row_start
+        a0 = pl.multiple_of(jnp.minimum(tile8_gmem[v], (lhs_rows - bm) // 8) * 8, 8)
+        return g, row_start, size, a0, ni, (size > 0) & (g < num_groups)
+
+    def store(o_smem, tile, a0, row_start, size, col0):
+        for c in range(bn // epi_n):
+            o_smem[...] = tile(c).astype(o_smem.dtype)
+            _store_rows(o_smem, out_gmem, a0, row_start, size, col0 + c * epi_n)
+
+    def body(lhs_smem, rhs_smem, o_smem, full, empty, epi):
+        wg = jax.lax.axis_index("wg")
+
+        @pl.when(wg < 2)
+        def _consumer():
+            plgpu.set_max_registers(232, action="increase")
+            epilogue = _Epilogue(
+                bias_gmem,
+                row_scale_gmem,
+                None,
+                epi["bias_smem"].at[wg],
+                epi["row_scale_smem"].at[wg],
+                epi["bias_barriers"].at[wg],
+                epi["row_scale_barriers"].at[wg],
+            )
+
+            def product(s, acc_ref):
+                def step(kk, carry):
+                    slot = _common.rem(s + kk, stages)
+                    plgpu.barrier_wait(full.at[wg * stages + slot])
+                    b = rhs_smem.at[slot]
+                    plgpu.wgmma(acc_ref, lhs_smem.at[slot], b.T if transpose_rhs else b)
+                    plgpu.wgmma_wait(1)
+
+                    @pl.when(kk > 0)  # the previous step's wgmma is done: release its slot
+                    def _():
+                        plgpu.barrier_arrive(empty.at[_common.rem(s + kk + stages - 1, stages)])
+
+                    return carry
+
+                jax.lax.fori_loop(0, k_steps, step, jnp.int32(0))
+                plgpu.wgmma_wait(0)
+                plgpu.barrier_arrive(empty.at[_common.rem(s + k_steps - 1, stages)])
+                return acc_ref[...]
+
+            def per_item(i, s):
+                g, row_start, size, a0, ni, multiplies = item(i)
+                mine = _common.rem(i, 2) == wg
+
+                @pl.when(mine & multiplies)
+                def _grouped_rows():
+                    epilogue.start(g, a0, ni * bn)
+                    acc = pl.run_scoped(functools.partial(product, s), plgpu.ACC((bm, bn)))
+                    out = epilogue.apply(acc)
+                    chunk = lambda c: out[:, c * epi_n : (c + 1) * epi_n]
+                    store(o_smem.at[wg], chunk, a0, row_start, size, ni * bn)
+
+                @pl.when(mine & (size > 0) & (g == num_groups))
+                def _tail_rows():
+                    zeros = lambda c: jnp.zeros((bm, epi_n), jnp.float32)
+                    store(o_smem.at[wg], zeros, a0, row_start, size, ni * bn)
+
+                return s + jnp.where(multiplies, k_steps, 0)
+
+            jax.lax.fori_loop(0, items, per_item, jnp.int32(0))
+
+        @pl.when(wg == 2)
+        def _producer():
+            plgpu.set_max_registers(40, action="decrease")
+
+            def per_item(i, s):
+                g, _, _, a0, ni, multiplies = item(i)
+                consumer = _common.rem(i, 2)
+
+                @pl.when(multiplies)
+                def _():
+                    rhs_g = rhs_gmem.at[jnp.minimum(g, num_groups - 1)]
+
+                    def step(kk, carry):
+                        slot = _common.rem(s + kk, stages)
+
+                        @pl.when(s + kk >= stages)
+                        def _():
+                            plgpu.barrier_wait(empty.at[slot])
+
+                        cols, ks = pl.ds(ni * bn, bn), pl.ds(kk * bk, bk)
+                        barrier = full.at[consumer * stages + slot]
+                        plgpu.copy_gmem_to_smem(
+                            lhs_gmem.at[pl.ds(a0, bm), ks], lhs_smem.at[slot], barrier
+                        )
+                        plgpu.copy_gmem_to_smem(
+                            rhs_g.at[cols, ks] if transpose_rhs else rhs_g.at[ks, cols],
+                            rhs_smem.at[slot],
+                            barrier,
+                        )
+                        return carry
+
+                    jax.lax.fori_loop(0, k_steps, step, jnp.int32(0))
+
+                return s + jnp.where(multiplies, k_steps, 0)
+
+            steps = jax.lax.fori_loop(0, items, per_item, jnp.int32(0))
+
+            @pl.loop(jnp.maximum(steps - stages, 0), steps)
+            def _(s):  # the last releases, so that every phase of `empty` is consumed
+                plgpu.barrier_wait(empty.at[_common.rem(s, stages)])
+
+    pl.run_scoped(
+        body,
+        plgpu.SMEM((stages, bm, bk), lhs_gmem.dtype),
+        plgpu.SMEM((stages, bn, bk) if transpose_rhs else (stages, bk, bn), rhs_gmem.dtype),
+        plgpu.SMEM((2, bm, epi_n), out_gmem.dtype),
+        plgpu.Barrier(num_arrivals=2, num_barriers=2 * stages),  # full[consumer, slot]
+        plgpu.Barrier(num_arrivals=1, num_barriers=stages),  # empty[slot]
+        _epilogue_scratch(2, 1, bm, bn),
+        collective_axes="wg",
+    )
+
+
 def _kernel(
     group_gmem,
     tile8_gmem,
@@ -487,8 +661,8 @@ def gmm(
         raise ValueError(
             "gmm_mgpu: a GLU activation needs a non-transposed rhs with an even column count, and "
             'consumers=1 (or, for SwiGLU, split="m"): gpt-oss\'s interleaved pairs are split in '
-            f"one warpgroup's shared memory; got transpose_rhs={transpose_rhs}, N={n_dim}, "
-            f"config={config}."
+            'one warpgroup\'s shared memory, and split="pingpong" has no GLU epilogue; got '
+            f"transpose_rhs={transpose_rhs}, N={n_dim}, config={config}."
         )
     if bias is not None and bias.shape != (num_groups, n_dim):
         raise ValueError(
@@ -524,8 +698,12 @@ def gmm(
     if row_scale is not None:  # read in the lhs box's rows
         row_scale = row_scale[:num_rows].astype(jnp.float32)
         operands.append(jnp.pad(row_scale, (0, lhs_rows - num_rows)))
+    if cfg.split == "pingpong":
+        body = functools.partial(_kernel_pingpong, num_ctas=_common.num_sms())
+    else:
+        body = _kernel if cfg.consumers == 1 else _kernel_ws
     kernel = functools.partial(
-        _kernel if cfg.consumers == 1 else _kernel_ws,
+        body,
         activation=activation,
         num_groups=num_groups,
         num_visits=sched.group.shape[0],
