@@ -45,8 +45,20 @@ class PPConfig:
     epi_n: int | None = None  # store the tile in [rows, epi_n] chunks through one buffer
 
 
-def _kernel(group_gmem, tile8_gmem, row_start_gmem, row_end_gmem, lhs_gmem, rhs_gmem, out_gmem,
-            *, num_groups, num_visits, num_ctas, cfg):
+def _kernel(
+    group_gmem,
+    tile8_gmem,
+    row_start_gmem,
+    row_end_gmem,
+    lhs_gmem,
+    rhs_gmem,
+    out_gmem,
+    *,
+    num_groups,
+    num_visits,
+    num_ctas,
+    cfg,
+):
     lhs_rows, k_dim = lhs_gmem.shape
     n_dim = out_gmem.shape[1]
     bm, bn, bk, stages = cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages
@@ -116,7 +128,9 @@ def _kernel(group_gmem, tile8_gmem, row_start_gmem, row_end_gmem, lhs_gmem, rhs_
                 def _():
                     o_smem[wg] = jnp.zeros((bm, epi_n), o_smem.dtype)
                     for c in range(bn // epi_n):
-                        _store_rows(o_smem.at[wg], out_gmem, a0, row_start, size, ni * bn + c * epi_n)
+                        _store_rows(
+                            o_smem.at[wg], out_gmem, a0, row_start, size, ni * bn + c * epi_n
+                        )
 
                 return s + jnp.where(active, k_steps, 0)
 
@@ -213,7 +227,9 @@ def _reference(lhs, rhs, sizes):
 
 
 def _rel(out, ref):
-    return float(np.linalg.norm(np.asarray(out, np.float64) - ref) / max(np.linalg.norm(ref), 1e-30))
+    return float(
+        np.linalg.norm(np.asarray(out, np.float64) - ref) / max(np.linalg.norm(ref), 1e-30)
+    )
 
 
 def self_check():
@@ -230,7 +246,7 @@ def self_check():
         out = np.asarray(gmm_pp(lhs, rhs, jnp.asarray(sizes, jnp.int32), cfg), np.float64)
         ref = _reference(lhs, rhs, sizes)
         err = _rel(out, ref)
-        tail_zero = bool(np.all(out[sum(sizes):] == 0))
+        tail_zero = bool(np.all(out[sum(sizes) :] == 0))
         print(f"M={m} K={k} N={n} sizes={sizes} {cfg}: rel err {err:.2e} tail zero {tail_zero}")
         assert err < 1e-2 and tail_zero, err
 
@@ -274,8 +290,12 @@ def time_gpu(out_path, rows=65536):
             row = {"shape": name, "routing": routing}
             ref = moe_pallas.ragged_dot(lhs, rhs, sizes, implementation="pallas_triton")
             impls = {
-                "triton": lambda x, w, s: moe_pallas.ragged_dot(x, w, s, implementation="pallas_triton"),
-                "mosaic table": lambda x, w, s: moe_pallas.ragged_dot(x, w, s, implementation="mosaic_gpu"),
+                "triton": lambda x, w, s: moe_pallas.ragged_dot(
+                    x, w, s, implementation="pallas_triton"
+                ),
+                "mosaic table": lambda x, w, s: moe_pallas.ragged_dot(
+                    x, w, s, implementation="mosaic_gpu"
+                ),
             }
             for label, cfg in CONFIGS.items():
                 impls[label] = lambda x, w, s, cfg=cfg: gmm_pp(x, w, s, cfg)
@@ -288,8 +308,10 @@ def time_gpu(out_path, rows=65536):
                 try:
                     if label.startswith("pp"):
                         out = jax.jit(fn)(lhs, rhs, sizes)
-                        err = float(jnp.linalg.norm((out - ref).astype(jnp.float32))
-                                    / jnp.linalg.norm(ref.astype(jnp.float32)))
+                        err = float(
+                            jnp.linalg.norm((out - ref).astype(jnp.float32))
+                            / jnp.linalg.norm(ref.astype(jnp.float32))
+                        )
                         row[label + " err"] = err
                     s = time_op(fn, lhs, rhs, sizes)
                     row[label] = flops / s / 1e12
@@ -298,8 +320,9 @@ def time_gpu(out_path, rows=65536):
             print(json.dumps(row), flush=True)
             results.append(row)
     with open(out_path, "w") as f:
-        json.dump({"device": jax.devices()[0].device_kind, "rows": rows, "results": results}, f,
-                  indent=1)
+        json.dump(
+            {"device": jax.devices()[0].device_kind, "rows": rows, "results": results}, f, indent=1
+        )
 
 
 def diagnose(out_path, rows=65536):
@@ -311,9 +334,12 @@ def diagnose(out_path, rows=65536):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     experts, top_k = 128, 4
-    routed = np.asarray(dispatch.dispatch(
-        jax.random.randint(jax.random.key(0), (rows // top_k, top_k), 0, experts, jnp.int32),
-        experts).group_sizes)
+    routed = np.asarray(
+        dispatch.dispatch(
+            jax.random.randint(jax.random.key(0), (rows // top_k, top_k), 0, experts, jnp.int32),
+            experts,
+        ).group_sizes
+    )
     rounded = np.maximum(np.round(routed / 128).astype(int) * 128, 0)
     rounded[-1] += rows - rounded.sum()
     sizes = {
@@ -330,7 +356,8 @@ def diagnose(out_path, rows=65536):
         "triton": lambda x, w, s: moe_pallas.ragged_dot(x, w, s, implementation="pallas_triton"),
         "pp 128x192 s4 epi64": lambda x, w, s: gmm_pp(x, w, s, PPConfig(block_n=192, epi_n=64)),
         "pp 128x192 s4 epi64 full tail": lambda x, w, s: gmm_pp(
-            x, w, s, PPConfig(block_n=192, epi_n=64, half_tail=False)),
+            x, w, s, PPConfig(block_n=192, epi_n=64, half_tail=False)
+        ),
         "pp 128x128 s5 epi64": lambda x, w, s: gmm_pp(x, w, s, PPConfig(num_stages=5, epi_n=64)),
     }
     results = []
@@ -339,7 +366,8 @@ def diagnose(out_path, rows=65536):
         k2, k3 = jax.random.split(jax.random.key(1))
         lhs = jax.random.normal(k2, (rows, k_dim), jnp.bfloat16)
         rhs = (jax.random.normal(k3, (experts, k_dim, n_dim), jnp.float32) * k_dim**-0.5).astype(
-            jnp.bfloat16)
+            jnp.bfloat16
+        )
         flops = 2 * rows * k_dim * n_dim
         for label, fn in impls.items():
             if name == "gptoss down" and label.startswith("pp 128x128"):
