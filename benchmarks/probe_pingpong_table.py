@@ -188,5 +188,52 @@ def main(out_dir):
     del new
 
 
+
+
+def compare(out_dir):
+    """The integrated ping-pong kernel against the probe's (benchmarks.probe_gmm_pingpong) and the
+    table at gpt-oss down, two routing draws, alternating rounds; and the transposed 2880 x 2880."""
+    from benchmarks import probe_gmm_pingpong as probe
+    from moe_pallas import backends
+    from moe_pallas.kernels import gmm_mgpu
+
+    cfg = gmm_mgpu.MosaicConfig(**PP["pp 128x192 s4"])
+    k_dim = n_dim = 2880
+    experts, top_k = 128, 4
+    k2, k3 = jax.random.split(jax.random.key(1))
+    lhs = jax.random.normal(k2, (ROWS, k_dim), jnp.bfloat16)
+    rhs = (jax.random.normal(k3, (experts, k_dim, n_dim), jnp.float32) * k_dim**-0.5).astype(
+        jnp.bfloat16
+    )
+    flops = 2 * ROWS * k_dim * n_dim
+    impls_ = {
+        "table": lambda x, w, s: backends.gmm("auto", x, w, s),
+        "integrated pp": lambda x, w, s: gmm_mgpu.gmm(x, w, s, config=cfg),
+        "probe pp full tail": lambda x, w, s: probe.gmm_pp(
+            x, w, s, probe.PPConfig(block_n=192, epi_n=64, half_tail=False)
+        ),
+        "triton t": lambda x, w, s: backends.gmm("pallas_triton", x, w, s, transpose_rhs=True),
+        "integrated pp t": lambda x, w, s: gmm_mgpu.gmm(x, w, s, config=cfg, transpose_rhs=True),
+    }
+    rows = []
+    for draw, key in (("key0", jax.random.key(0)), ("key5760", jax.random.key(5760))):
+        if draw == "key0":
+            idx = jax.random.randint(key, (ROWS // top_k, top_k), 0, experts, jnp.int32)
+        else:
+            idx = jax.random.randint(jax.random.split(key, 3)[0], (ROWS // top_k, top_k), 0,
+                                     experts, jnp.int32)
+        sizes = dispatch.dispatch(idx, experts).group_sizes
+        for rnd in range(2):
+            row = {"draw": draw, "round": rnd}
+            for label, fn in impls_.items():
+                row[label] = flops / time_op(fn, lhs, rhs, sizes) / 1e12
+            print(json.dumps(row), flush=True)
+            rows.append(row)
+    Path(out_dir, "compare.json").write_text(json.dumps(rows, indent=1))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if len(sys.argv) > 2 and sys.argv[2] == "compare":
+        compare(sys.argv[1])
+    else:
+        main(sys.argv[1])
