@@ -82,8 +82,9 @@ def _gmm_problem(kernel, rows, k=2880, n=2880, dtype=jnp.bfloat16, out=jnp.bfloa
 
 
 def test_auto_policy_on_an_h200(monkeypatch):
-    """Mosaic GPU for the table's gmm shapes only (plain, and gpt-oss's dx with a transposed rhs;
-    not with a row gather, a float32 output, another class or a GLU); Triton otherwise."""
+    """Mosaic GPU for the table's gmm shapes only (plain, and gpt-oss's products with a
+    transposed rhs; not with a row gather, a float32 output, another class or a GLU); Triton
+    otherwise."""
     select = lambda p: backends.select("auto", p).name
     assert select(_gmm_problem("gmm", 65536)) == "pallas_triton"  # off GPU: not available
     as_if_h200(monkeypatch)
@@ -94,7 +95,9 @@ def test_auto_policy_on_an_h200(monkeypatch):
     assert select(_gmm_problem("gmm", 8192)) == "pallas_triton"  # 64 rows per expert
     assert select(_gmm_problem("gmm", 65536, k=4096, n=4096)) == "pallas_triton"  # SwiGLU
     assert select(_gmm_problem("gmm_glu", 65536)) == "pallas_triton"
-    assert select(_gmm_problem("gmm_t", 65536)) == "pallas_triton"  # g = dout @ w_downᵀ
+    assert select(_gmm_problem("gmm_t", 65536)) == "mosaic_gpu"  # ragged_dot's dx at gpt-oss down
+    # the layer's g = dout @ w_downᵀ, a float32 output
+    assert select(_gmm_problem("gmm_t", 65536, out=jnp.float32)) == "pallas_triton"
     assert select(_gmm_problem("gmm_t", 65536, k=5760)) == "mosaic_gpu"  # dx = dh @ w_gate_upᵀ
     assert select(_gmm_problem("gmm_t", 65536, k=5760, out=jnp.float32)) == "pallas_triton"
     assert select(_gmm_problem("gmm_t", 16384, k=5760)) == "pallas_triton"  # T = 4096: small
