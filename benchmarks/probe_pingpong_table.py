@@ -232,8 +232,59 @@ def compare(out_dir):
     Path(out_dir, "compare.json").write_text(json.dumps(rows, indent=1))
 
 
+def check(out_dir):
+    """The committed table on the GPU: ragged_dot at gpt-oss down (65536 rows; forward and dx on
+    the ping-pong kernel) and the gpt-oss layer at T = 16384, each twice (bit for bit) and against
+    the Triton backend (relative error)."""
+    from benchmarks.probe_gmm_pingpong import _rel
+
+    rows = []
+    k1, k2, k3, k4 = jax.random.split(jax.random.key(3), 4)
+    lhs = jax.random.normal(k1, (ROWS, 2880), jnp.bfloat16)
+    rhs = (jax.random.normal(k2, (128, 2880, 2880), jnp.float32) / 54).astype(jnp.bfloat16)
+    idx = jax.random.randint(k3, (ROWS // 4, 4), 0, 128, jnp.int32)
+    sizes = dispatch.dispatch(idx, 128).group_sizes
+    dout = jax.random.normal(k4, (ROWS, 2880), jnp.bfloat16)
+
+    def step(impl):
+        def f(x, w):
+            out, vjp = jax.vjp(lambda a: moe_pallas.ragged_dot(a, w, sizes, implementation=impl), x)
+            return out, vjp(dout)[0]
+
+        return jax.jit(f)
+
+    import moe_pallas
+
+    a, b, t = step("auto")(lhs, rhs), step("auto")(lhs, rhs), step("pallas_triton")(lhs, rhs)
+    rows.append({
+        "ragged_dot": "gpt-oss down 65536 rows",
+        "bitwise": all(bool(jnp.array_equal(x, y)) for x, y in zip(a, b)),
+        "rel vs triton": [_rel(np.asarray(x, np.float64), np.asarray(y, np.float64))
+                          for x, y in zip(a, t)],
+    })
+    print(json.dumps(rows[-1]), flush=True)
+    case = C.Case("gptoss", C.WORKLOADS["gptoss"], 16384)
+    inputs = R._inputs(case, C.make_params(case.workload))
+    args = [inputs[k] for k in ("x", "topk_idx", "topk_weight", "params")]
+
+    def layer(impl):
+        return jax.jit(lambda x, i, w, p: moe_pallas.moe_experts(
+            x, i, w, p, activation="gptoss", implementation=impl))
+
+    a, b, t = layer("auto")(*args), layer("auto")(*args), layer("pallas_triton")(*args)
+    rows.append({
+        "layer": "gpt-oss fwd T=16384",
+        "bitwise": bool(jnp.array_equal(a, b)),
+        "rel vs triton": _rel(np.asarray(a, np.float64), np.asarray(t, np.float64)),
+    })
+    print(json.dumps(rows[-1]), flush=True)
+    Path(out_dir, "check.json").write_text(json.dumps(rows, indent=1))
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[2] == "compare":
+    if len(sys.argv) > 2 and sys.argv[2] == "check":
+        check(sys.argv[1])
+    elif len(sys.argv) > 2 and sys.argv[2] == "compare":
         compare(sys.argv[1])
     else:
         main(sys.argv[1])
