@@ -16,7 +16,9 @@ Per pair, a TMA pipeline of `num_stages`
 shared-memory slots streams [block_m, block_k] of lhs and [block_k, block_n] of rhs[g] into wgmma
 with a [block_m, block_n] float32 accumulator; warp-specialised configs (consumers=2) have a
 producer warpgroup stream a CTA tile of two such halves, side by side (split "n") or stacked
-(split "m": a 2·block_m-row schedule, each consumer storing the visit's rows in its half). The
+(split "m": a 2·block_m-row schedule, each consumer storing the visit's rows in its half), or
+take alternate (visit, n-tile) pairs whole (split "pingpong", `_kernel_pingpong`: one consumer's
+epilogue runs while the other multiplies, and a visit costs one block_m-row tile). The
 epilogue's operands (bias[g] for the tile's columns, row_scale for its rows) are TMA-loaded into
 shared memory when the visit starts, so they land during the main loop.
 
@@ -38,9 +40,13 @@ default rule). Tiles are at least 64 columns (128 bytes of 16-bit values, the wi
 the H200, 32- and 16-column tiles failed at run time with CUDA_ERROR_MISALIGNED_ADDRESS, while
 interpret mode ran them.
 
+The H200's table runs gpt-oss's 2880 x 2880 products on 128 x 192 ping-pong tiles, which match
+XLA's batched dot on equal groups; a group's last visit computes a whole tile, as a half-height
+tile for a short last visit is slower there (docs/decisions.md).
+
 Limits (ValueError, use the Triton backend instead): bf16/f16 operands of one dtype, block_n >= 64,
 N a multiple of block_n and K of block_k (both workloads' dimensions are multiples of 64); a GLU
-only with a non-transposed rhs and consumers=1, or SwiGLU with split "m".
+only with a non-transposed rhs and consumers=1, or SwiGLU with split "m" (ping-pong has none).
 """
 
 import dataclasses
