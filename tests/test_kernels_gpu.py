@@ -94,12 +94,13 @@ def test_ragged_dot_grads_and_vmap_on_gpu():
     assert rel_err(out[1], -gmm64(lhs, rhs, sizes)) < 3e-3
 
 
-@pytest.mark.parametrize("n_dim", [2880, 5760])
-def test_auto_table_shapes_match_triton(n_dim):
+@pytest.mark.parametrize("n_dim, transpose_rhs", [(2880, False), (5760, False), (2880, True)])
+def test_auto_table_shapes_match_triton(n_dim, transpose_rhs):
     """The gpt-oss shapes "auto" sends to Mosaic GPU on the H200 (the tuning table's mosaic_gpu
-    entries: 512 rows per expert, K = 2880, bf16 out): the same products as Triton's kernel, with
-    the layer's bias and routing weight, and against the float64 oracle; a float32 output (Triton
-    under "auto") too. Off Hopper every call runs Triton."""
+    entries: 512 rows per expert, K = 2880, bf16 out; at 2880 x 2880, plain and transposed, its
+    ping-pong tiles): the same products as Triton's kernel, with the layer's bias and routing
+    weight, and against the float64 oracle; a float32 output (Triton under "auto") too. Off Hopper
+    every call runs Triton."""
     from moe_pallas import backends
 
     keys = jax.random.split(jax.random.key(11), 5)  # on the device: w has 2.1e9 entries
@@ -111,10 +112,18 @@ def test_auto_table_shapes_match_triton(n_dim):
     # The float64 oracle on the first 8 experts' rows (all of w in float64 would be 17 GB).
     sizes = np.asarray(d.group_sizes)[:8]
     rows = int(sizes.sum())
-    ref = gmm64(lhs[:rows], w[:8], sizes, bias=bias[:8], row_scale=row_scale[:rows])
+    ref = gmm64(
+        lhs[:rows],
+        w[:8],
+        sizes,
+        bias=bias[:8],
+        row_scale=row_scale[:rows],
+        transpose_rhs=transpose_rhs,
+    )
     auto = backends.resolve("auto")
     for out_dtype in (jnp.bfloat16, jnp.float32):
         kwargs = {"bias": bias, "row_scale": row_scale, "out_dtype": out_dtype}
+        kwargs["transpose_rhs"] = transpose_rhs
         got, want = (
             jax.jit(functools.partial(backends.gmm, b, **kwargs))(lhs, w, d.group_sizes)
             for b in (auto, "pallas_triton")
