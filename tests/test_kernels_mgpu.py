@@ -93,30 +93,26 @@ def test_gmm_epilogue_matches_oracle(consumers, split, has_bias, has_row_scale, 
     n = 128 * consumers
     lhs, rhs, sizes = _inputs(rng, 100, 64, n, [30, 0, 50, 13], transpose_rhs=transpose_rhs)
     bias = jnp.asarray(rng.standard_normal((4, n)), BF16) if has_bias else None
-    # row_scale may be longer than M (as for the Triton kernel); its extra entries are unused.
     row_scale = jnp.asarray(rng.random(104) + 0.5, jnp.float32) if has_row_scale else None
     cfg = gmm_mgpu.MosaicConfig(
         64, 64, 32, num_stages=2, grid_tile_n=2, consumers=consumers, split=split
     )
-    out = gmm_mgpu.gmm(
-        lhs,
-        rhs,
-        sizes,
-        transpose_rhs=transpose_rhs,
-        bias=bias,
-        row_scale=row_scale,
-        out_dtype=jnp.float32,
-        config=cfg,
-    )
-    ref = gmm64(
-        lhs,
-        rhs,
-        sizes,
-        transpose_rhs=transpose_rhs,
-        bias=bias,
-        row_scale=None if row_scale is None else row_scale[:100],
-    )
+    out, ref = _with_epilogue(lhs, rhs, sizes, cfg, transpose_rhs, bias, row_scale)
     assert rel_err(out, ref) < 1e-5  # bias and scale are applied in float32
+
+
+def _with_epilogue(lhs, rhs, sizes, cfg, transpose_rhs, bias, row_scale):
+    """(gmm_mgpu's float32 output, the float64 oracle's) with bias and row scale (None: absent;
+    row_scale may be longer than M, as for the Triton kernel: its extra entries are unused)."""
+    kwargs = {"transpose_rhs": transpose_rhs, "bias": bias}
+    out = gmm_mgpu.gmm(
+        lhs, rhs, sizes, row_scale=row_scale, out_dtype=jnp.float32, config=cfg, **kwargs
+    )
+    num_rows = lhs.shape[0]
+    ref = gmm64(
+        lhs, rhs, sizes, row_scale=None if row_scale is None else row_scale[:num_rows], **kwargs
+    )
+    return np.asarray(out), ref
 
 
 PINGPONG = gmm_mgpu.MosaicConfig(64, 128, 32, num_stages=3, consumers=2, split="pingpong", epi_n=64)
@@ -139,19 +135,7 @@ def test_gmm_pingpong_matches_oracle(num_rows, group_sizes, has_epilogue, transp
     g = len(group_sizes)
     bias = jnp.asarray(rng.standard_normal((g, 256)), BF16) if has_epilogue else None
     row_scale = jnp.asarray(rng.random(num_rows) + 0.5, jnp.float32) if has_epilogue else None
-    out = np.asarray(
-        gmm_mgpu.gmm(
-            lhs,
-            rhs,
-            sizes,
-            transpose_rhs=transpose_rhs,
-            bias=bias,
-            row_scale=row_scale,
-            out_dtype=jnp.float32,
-            config=PINGPONG,
-        )
-    )
-    ref = gmm64(lhs, rhs, sizes, transpose_rhs=transpose_rhs, bias=bias, row_scale=row_scale)
+    out, ref = _with_epilogue(lhs, rhs, sizes, PINGPONG, transpose_rhs, bias, row_scale)
     assert rel_err(out, ref) < 1e-5
     assert np.all(out[sum(group_sizes) :] == 0)
 

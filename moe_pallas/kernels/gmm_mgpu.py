@@ -157,6 +157,13 @@ class _Epilogue(NamedTuple):
     bias_barrier: object
     row_scale_barrier: object
 
+    @classmethod
+    def of(cls, bias_gmem, row_scale_gmem, activation, scratch: dict, copy) -> "_Epilogue":
+        """The epilogue in slot `copy` of `_epilogue_scratch`'s shared memory (one per consumer
+        warpgroup)."""
+        names = ("bias_smem", "row_scale_smem", "bias_barriers", "row_scale_barriers")
+        return cls(bias_gmem, row_scale_gmem, activation, *(scratch[n].at[copy] for n in names))
+
     def start(self, g, a0, col0):
         """Issue the TMA loads of bias[g, :, col0:col0+bn] and row_scale[a0:a0+bm]."""
         if self.bias_gmem is not None:
@@ -194,6 +201,14 @@ def _epilogue_scratch(copies: int, parts: int, bm: int, bn: int) -> dict:
         "bias_barriers": plgpu.Barrier(num_arrivals=1, num_barriers=copies),
         "row_scale_barriers": plgpu.Barrier(num_arrivals=1, num_barriers=copies),
     }
+
+
+def _optional_refs(refs, has_bias: bool, has_row_scale: bool) -> tuple:
+    """(bias, row_scale, out) from a kernel's trailing refs, the absent operands as None."""
+    it = iter(refs)
+    bias = next(it) if has_bias else None
+    row_scale = next(it) if has_row_scale else None
+    return bias, row_scale, next(it)
 
 
 def _store_rows(o_smem, out_gmem, a0, row_start, size, col0):
@@ -238,10 +253,7 @@ def _kernel_ws(
     wgmma on its two column (row) halves and store the rows of the visit that fall in theirs.
     SwiGLU (split "m" only) reads the gate and the up block per step, as `_kernel` does, into two
     accumulators per consumer."""
-    it = iter(refs)
-    bias_gmem = next(it) if has_bias else None
-    row_scale_gmem = next(it) if has_row_scale else None
-    out_gmem = next(it)
+    bias_gmem, row_scale_gmem, out_gmem = _optional_refs(refs, has_bias, has_row_scale)
     lhs_rows, k_dim = lhs_gmem.shape
     n_dim = out_gmem.shape[1]  # of the output: N / 2 columns with a GLU
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -286,18 +298,10 @@ def _kernel_ws(
         **_epilogue_scratch(2, parts, bm, bn),
         collective_axes="wg",
     )
-    def _scope(allocs, o_smem, bias_smem, row_scale_smem, bias_barriers, row_scale_barriers):
+    def _scope(allocs, o_smem, **epilogue_scratch):
         wg = jax.lax.axis_index("wg")
         wg_cols = slice(None) if by_rows else pl.ds(wg * bn, bn)
-        epilogue = _Epilogue(
-            bias_gmem,
-            row_scale_gmem,
-            activation,
-            bias_smem.at[wg],
-            row_scale_smem.at[wg],
-            bias_barriers.at[wg],
-            row_scale_barriers.at[wg],
-        )
+        epilogue = _Epilogue.of(bias_gmem, row_scale_gmem, activation, epilogue_scratch, wg)
 
         @plgpu.nd_loop((num_visits * n_tiles,), collective_axes="sm")
         def _visit(info: plgpu.NDLoopInfo):
@@ -374,10 +378,7 @@ def _kernel_pingpong(
     waiter and Mosaic GPU's implicit phase tracking holds; the consumer releases a slot on
     empty[slot] once the wgmma reading it is done (one wgmma group kept in flight)."""
     del activation  # refused by `gmm`
-    it = iter(refs)
-    bias_gmem = next(it) if has_bias else None
-    row_scale_gmem = next(it) if has_row_scale else None
-    out_gmem = next(it)
+    bias_gmem, row_scale_gmem, out_gmem = _optional_refs(refs, has_bias, has_row_scale)
     lhs_rows, k_dim = lhs_gmem.shape
     n_dim = out_gmem.shape[1]
     bm, bn, bk, stages = cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages
@@ -406,15 +407,7 @@ def _kernel_pingpong(
         @pl.when(wg < 2)
         def _consumer():
             plgpu.set_max_registers(232, action="increase")
-            epilogue = _Epilogue(
-                bias_gmem,
-                row_scale_gmem,
-                None,
-                epi["bias_smem"].at[wg],
-                epi["row_scale_smem"].at[wg],
-                epi["bias_barriers"].at[wg],
-                epi["row_scale_barriers"].at[wg],
-            )
+            epilogue = _Epilogue.of(bias_gmem, row_scale_gmem, None, epi, wg)
 
             def product(s, acc_ref):
                 def step(kk, carry):
@@ -529,10 +522,7 @@ def _kernel(
     SwiGLU, two accumulators (gate and up) from the two contiguous column halves of rhs; with
     gpt-oss, rhs arrives as uint32 [G, K, N / 2] (a (gate, up) bf16 pair per word) and each step
     splits its slot into gate and up halves in shared memory (double-buffered by step parity)."""
-    it = iter(refs)
-    bias_gmem = next(it) if has_bias else None
-    row_scale_gmem = next(it) if has_row_scale else None
-    out_gmem = next(it)
+    bias_gmem, row_scale_gmem, out_gmem = _optional_refs(refs, has_bias, has_row_scale)
     lhs_rows, k_dim = lhs_gmem.shape
     n_dim = out_gmem.shape[1]
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -543,22 +533,8 @@ def _kernel(
     scratch = {"halves_smem": plgpu.SMEM((2, 2, bk, bn), lhs_gmem.dtype)} if interleaved else {}
 
     @functools.partial(pl.run_scoped, **_epilogue_scratch(1, parts, bm, bn), **scratch)
-    def _scope(
-        bias_smem,
-        row_scale_smem,
-        bias_barriers,
-        row_scale_barriers,
-        halves_smem=None,
-    ):
-        epilogue = _Epilogue(
-            bias_gmem,
-            row_scale_gmem,
-            activation,
-            bias_smem.at[0],
-            row_scale_smem.at[0],
-            bias_barriers.at[0],
-            row_scale_barriers.at[0],
-        )
+    def _scope(halves_smem=None, **epilogue_scratch):
+        epilogue = _Epilogue.of(bias_gmem, row_scale_gmem, activation, epilogue_scratch, 0)
 
         @plgpu.nd_loop((num_visits * n_tiles,), collective_axes="sm")
         def _visit(info: plgpu.NDLoopInfo):
