@@ -143,6 +143,9 @@ def test_gmm_pingpong_matches_oracle(num_rows, group_sizes, has_epilogue, transp
 def test_pingpong_config_is_checked():
     with pytest.raises(ValueError, match="consumers=2"):
         gmm_mgpu.MosaicConfig(split="pingpong").fit(256, 256)
+    for split, epi_n in (("pingpong", 32), ("pingpong", 96), ("m", 64)):
+        with pytest.raises(ValueError, match="epi_n"):
+            gmm_mgpu.MosaicConfig(consumers=2, split=split, epi_n=epi_n).fit(256, 256)
     with pytest.raises(ValueError, match="no GLU epilogue"):
         lhs, rhs, sizes = _inputs(np.random.default_rng(0), 8, 64, 256, [8])
         gmm_mgpu.gmm(lhs, rhs, sizes, activation="swiglu", config=PINGPONG)

@@ -116,6 +116,13 @@ class MosaicConfig:
             raise ValueError(
                 f'MosaicConfig(split="pingpong") needs consumers=2, got {self.consumers}.'
             )
+        if self.epi_n is not None and (
+            self.split != "pingpong" or self.epi_n < MIN_BLOCK_N or self.epi_n % MIN_BLOCK_N
+        ):
+            raise ValueError(
+                f'MosaicConfig.epi_n={self.epi_n} needs split="pingpong" and a multiple of '
+                f"{MIN_BLOCK_N} columns (the epilogue's shared-memory copies), or None."
+            )
         if self.block_n < MIN_BLOCK_N:
             raise ValueError(
                 f"MosaicConfig.block_n={self.block_n} must be at least {MIN_BLOCK_N} (128 bytes of "
@@ -133,8 +140,8 @@ class MosaicConfig:
             )
         block_n = cta_n // column_parts
         epi_n = self.epi_n
-        if epi_n is not None and (epi_n < MIN_BLOCK_N or block_n % epi_n):
-            epi_n = block_n  # a fitted tile the chunks do not divide is stored whole
+        if epi_n is not None and block_n % epi_n:
+            epi_n = block_n  # a tile fitted to N that the chunks do not divide is stored whole
         return dataclasses.replace(
             self,
             block_n=block_n,
