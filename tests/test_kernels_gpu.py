@@ -122,8 +122,12 @@ def test_auto_table_shapes_match_triton(n_dim, transpose_rhs):
     )
     auto = backends.resolve("auto")
     for out_dtype in (jnp.bfloat16, jnp.float32):
-        kwargs = {"bias": bias, "row_scale": row_scale, "out_dtype": out_dtype}
-        kwargs["transpose_rhs"] = transpose_rhs
+        kwargs = {
+            "bias": bias,
+            "row_scale": row_scale,
+            "out_dtype": out_dtype,
+            "transpose_rhs": transpose_rhs,
+        }
         got, want = (
             jax.jit(functools.partial(backends.gmm, b, **kwargs))(lhs, w, d.group_sizes)
             for b in (auto, "pallas_triton")
