@@ -19,11 +19,6 @@ starting r rows past an aligned row takes cdiv(s + r, block_m) visits; with r < 
 n = min(G + 1, M) non-empty groups, `cdiv(M + n·(align - 1), block_m) + n - 1` visits always
 suffice; unused visits get an empty row range.
 
-`pair_short_tiles` regroups a schedule into visits of two half-height tiles each, for the Mosaic GPU
-ping-pong kernel: a visit keeps its two halves, or, when it owns at most block_m / 2 rows (a
-group's last, short visit), it takes the next such visit as its second half, so two short visits
-cost one tile instead of two.
-
 `row_boxes` is the same cut for the weight-gradient kernels, which walk each group's rows in
 aligned boxes of `block_m`.
 """
@@ -48,16 +43,6 @@ class TileSchedule(NamedTuple):
     m_start: jax.Array  # [V] int32: first row of the visited m-tile (a multiple of align)
     row_start: jax.Array  # [V] int32: first row the visit stores (m_start when align is 1)
     row_end: jax.Array  # [V] int32: one past its last row; row_start == row_end for unused visits
-
-
-class HalfTileSchedule(NamedTuple):
-    """`pair_short_tiles`' visits, each two halves h of block_m / 2 rows: `[V, 2]` arrays."""
-
-    group: jax.Array  # [V, 2] int32: group of each half (G: zero-filled tail rows)
-    m_start: jax.Array  # [V, 2] int32: first row of each half's rows (a multiple of align)
-    row_start: jax.Array  # [V, 2] int32: first row the half stores
-    row_end: jax.Array  # [V, 2] int32: one past its last; row_start == row_end stores nothing
-    paired: jax.Array  # [V] bool: the halves come from two visits (two weight blocks)
 
 
 def dispatch(topk_idx: jax.Array, num_experts: int) -> Dispatch:
@@ -161,67 +146,6 @@ def tile_schedule(
     reach = block_m + jnp.where(v == visit_end[group] - 1, tail, 0) if tail else block_m
     row_end = jnp.where(used, jnp.minimum(ends[group], m_start + reach), row_start)
     return TileSchedule(group=group, m_start=m_start, row_start=row_start, row_end=row_end)
-
-
-def pair_short_tiles(
-    sched: TileSchedule, num_groups: int, block_m: int, num_rows: int, *, pair: bool = True
-) -> HalfTileSchedule:
-    """`sched`'s visits as halves of block_m / 2 rows, short visits paired (module docstring).
-
-    A visit of a real group owning at most block_m / 2 rows from its m_start on is short; short
-    visits pair in order (the 1st with the 2nd, the 3rd with the 4th, ...), the second one's
-    place in the list dropped. Each half's m_start is where its block_m / 2 rows start, moved back
-    so they end inside [0, num_rows) (num_rows >= block_m and a multiple of the alignment): an
-    unpaired visit's halves are its block_m rows, cut in the middle, a paired visit's the two
-    short visits' rows. Visits stay in row order, so the kernels' walk keeps its L2 reuse; unused
-    trailing visits own no rows. Same length V as `sched`. pair=False only cuts the visits.
-    """
-    half = block_m // 2
-    size = sched.row_end - sched.row_start
-    short = (size > 0) & (sched.group < num_groups) & (sched.row_end - sched.m_start <= half)
-    short &= pair
-    num_visits_ = short.shape[0]
-    rank = cumsum(short) - 1  # among the short visits
-    lead = short & (rank % 2 == 0) & (rank + 1 < jnp.sum(short, dtype=jnp.int32))
-    kept = ~(short & (rank % 2 == 1))
-    visit = jnp.arange(num_visits_, dtype=jnp.int32)
-    by_rank = jnp.zeros_like(visit).at[jnp.where(short, rank, num_visits_)].set(visit, mode="drop")
-    partner = by_rank[jnp.minimum(rank + 1, num_visits_ - 1)]
-    # Unpaired: block_m rows from m_start (moved back to end inside num_rows), cut in the middle.
-    first = jnp.minimum(sched.m_start, num_rows - block_m)
-    mid = first + half
-    cut = [
-        (first, sched.row_start, jnp.minimum(sched.row_end, mid)),
-        (mid, jnp.maximum(sched.row_start, mid), sched.row_end),
-    ]
-    # Paired: the lead's rows, then its partner's, each from its own half-height box.
-    pair = [
-        (jnp.minimum(m, num_rows - half), rs, re)
-        for m, rs, re in (
-            (sched.m_start, sched.row_start, sched.row_end),
-            (sched.m_start[partner], sched.row_start[partner], sched.row_end[partner]),
-        )
-    ]
-    halves = [
-        [jnp.where(lead, p, c) for p, c in zip(pair_h, cut_h)] for pair_h, cut_h in zip(pair, cut)
-    ]
-    group = jnp.stack([sched.group, jnp.where(lead, sched.group[partner], sched.group)], 1)
-    m_start, row_start, row_end = (jnp.stack([h[i] for h in halves], 1) for i in range(3))
-    row_end = jnp.maximum(row_end, row_start)  # a half past the visit's rows owns none
-    # Compact the kept visits to the front, in order; the rest own no rows.
-    slot = jnp.where(kept, cumsum(kept) - 1, num_visits_)
-
-    def compact(values, fill):
-        empty = jnp.full((num_visits_, *values.shape[1:]), fill, values.dtype)
-        return empty.at[slot].set(values, mode="drop")
-
-    return HalfTileSchedule(
-        group=compact(group, num_groups),
-        m_start=compact(m_start, 0),
-        row_start=compact(row_start, 0),
-        row_end=compact(row_end, 0),
-        paired=compact(lead, False),
-    )
 
 
 class RowBoxes(NamedTuple):

@@ -3,7 +3,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moe_pallas.dispatch import cumsum, dispatch, num_visits, pair_short_tiles, tile_schedule
+from moe_pallas.dispatch import cumsum, dispatch, num_visits, tile_schedule
 
 
 def _check_dispatch(topk_idx: np.ndarray, num_experts: int):
@@ -95,55 +95,6 @@ def test_tile_schedule_covers_each_row_once(sizes, num_rows, block_m, tail):
     assert (owner >= 0).all()
     want = [max(1, -(-(int(n) - tail) // block_m)) if n else 0 for n in ends - starts]
     assert list(visits) == [*want, -(-(num_rows - int(ends[-1])) // block_m)]
-
-
-_pair_short_tiles = jax.jit(pair_short_tiles, static_argnums=(1, 2, 3), static_argnames="pair")
-
-
-@pytest.mark.parametrize("pair", [True, False])
-@pytest.mark.parametrize(
-    "sizes, num_rows",
-    [
-        ([30, 0, 50, 13], 100),  # short visits paired across an empty group; zero tail
-        ([130, 3, 190, 60, 17, 64, 65], 536),  # short last visits of long groups; 64 rows exactly
-        ([5, 7, 9, 51], 72),  # tiny groups sharing 8-row units; boxes moved back at the end
-        ([0, 0, 1, 0], 1),  # T = 1
-        ([300], 300),  # one hot group, no short visit
-        ([0, 0], 20),  # every row in the zero-filled tail
-    ],
-)
-def test_pair_short_tiles_covers_each_row_once(sizes, num_rows, pair):
-    """Each half owns rows of one group inside its own 64-row box (8-aligned, inside the padded
-    lhs); every row is owned once; with pair, two short visits share a tile, so the list holds
-    one visit fewer per pair."""
-    block_m, half, g = 128, 64, len(sizes)
-    lhs_rows = max(-(-num_rows // 8) * 8, block_m)
-    ends = np.minimum(np.cumsum(sizes), num_rows)
-    sched = tile_schedule(jnp.asarray(ends, jnp.int32), num_rows, block_m, align=8)
-    halves = jax.tree.map(np.asarray, _pair_short_tiles(sched, g, block_m, lhs_rows, pair=pair))
-    starts = np.concatenate([[0], ends[:-1]])
-    owner = np.full(num_rows, -1)
-    for v in range(halves.group.shape[0]):
-        for h in range(2):
-            grp, m0, r0, r1 = (a[v, h] for a in halves[:4])
-            if r0 == r1:
-                continue
-            assert m0 % 8 == 0 and 0 <= m0 <= r0 < r1 <= m0 + half <= lhs_rows
-            lo, hi = (starts[grp], ends[grp]) if grp < g else (ends[-1], num_rows)
-            assert lo <= r0 and r1 <= hi
-            assert (owner[r0:r1] == -1).all()
-            owner[r0:r1] = grp
-        owns = (halves.row_end[v] > halves.row_start[v]).any()
-        if owns and not halves.paired[v]:  # one visit: halves of consecutive rows of one group
-            assert halves.m_start[v, 1] == halves.m_start[v, 0] + half
-            assert halves.group[v, 0] == halves.group[v, 1]
-    assert (owner >= 0).all()
-    used = lambda s: int(np.sum(np.asarray(s.row_end) > np.asarray(s.row_start)))
-    used_halves = int(np.sum((halves.row_end > halves.row_start).any(1)))
-    assert used_halves == used(sched) - int(halves.paired.sum())
-    grp, m0, r0, r1 = (np.asarray(a) for a in sched)
-    short = (r1 > r0) & (grp < g) & (r1 - m0 <= half)
-    assert halves.paired.sum() == (short.sum() // 2 if pair else 0)
 
 
 def test_large_inputs_take_the_binary_search_with_the_same_result(monkeypatch):

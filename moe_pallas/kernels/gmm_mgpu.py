@@ -102,9 +102,6 @@ class MosaicConfig:
     # pingpong: the epilogue stores its tile in [block_m, epi_n] column chunks through one
     # shared-memory buffer per consumer (None: the whole tile), leaving room for ring slots.
     epi_n: int | None = None
-    # pingpong: a group's last visit of at most block_m / 2 rows shares its tile with the next
-    # such visit (`dispatch.pair_short_tiles`); False computes it as a whole tile.
-    pair_tails: bool = True
 
     @property
     def cta_m(self) -> int:
@@ -115,11 +112,9 @@ class MosaicConfig:
         """The largest block_n (block_k) of at most the configured size that divides N (K)."""
         if self.split not in ("n", "m", "pingpong"):
             raise ValueError(f'MosaicConfig.split={self.split!r} must be "n", "m" or "pingpong".')
-        if self.split == "pingpong" and (self.consumers != 2 or self.block_m != 128):
+        if self.split == "pingpong" and self.consumers != 2:
             raise ValueError(
-                f'MosaicConfig(split="pingpong") needs consumers=2 and block_m=128 (two halves of '
-                f"64 rows, one wgmma each), got consumers={self.consumers}, "
-                f"block_m={self.block_m}."
+                f'MosaicConfig(split="pingpong") needs consumers=2, got {self.consumers}.'
             )
         if self.epi_n is not None and (
             self.split != "pingpong" or self.epi_n < MIN_BLOCK_N or self.epi_n % MIN_BLOCK_N
@@ -225,14 +220,8 @@ def _optional_refs(refs, has_bias: bool, has_row_scale: bool) -> tuple:
 
 def _store_rows(o_smem, out_gmem, a0, row_start, size, col0):
     """Store rows [row_start, row_start + size) of the tile o_smem (whose row 0 is lhs row a0) to
-    out_gmem at columns [col0, col0 + width), and wait until o_smem may be overwritten."""
+    out_gmem at columns [col0, col0 + width): one TMA box per set bit of size."""
     plgpu.commit_smem()
-    _issue_row_stores(o_smem, out_gmem, a0, row_start, size, col0)
-    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
-
-
-def _issue_row_stores(o_smem, out_gmem, a0, row_start, size, col0):
-    """`_store_rows`' TMA stores, one box per set bit of size, without the fence and the wait."""
     bm, width = o_smem.shape
     offset = row_start - a0
     rows = bm
@@ -247,6 +236,7 @@ def _issue_row_stores(o_smem, out_gmem, a0, row_start, size, col0):
 
         offset += size & rows
         rows //= 2
+    plgpu.wait_smem_to_gmem(0, wait_read_only=True)
 
 
 def _kernel_ws(
@@ -371,10 +361,9 @@ def _kernel_ws(
 
 def _kernel_pingpong(
     group_gmem,
-    box8_gmem,
+    tile8_gmem,
     row_start_gmem,
     row_end_gmem,
-    paired_gmem,
     lhs_gmem,
     rhs_gmem,
     *refs,
@@ -385,59 +374,39 @@ def _kernel_pingpong(
     transpose_rhs: bool,
     has_bias: bool,
     has_row_scale: bool,
+    activation: str | None,
 ):
     """Split "pingpong": consumer warpgroup c in {0, 1} takes the CTA's items (a visit's
     [block_m, block_n] tile) i with i % 2 == c, whole, so one multiplies while the other runs its
-    epilogue. A visit is two halves of block_m / 2 rows (`dispatch.pair_short_tiles`), each with
-    its own accumulator, lhs box, group and stored rows: one group's block_m rows, or two short
-    visits' rows (a group's last few), whose weight blocks differ.
-
-    Warpgroup 2 streams every item's k-steps, in item order, into one ring of `num_stages`
-    slots of [block_m, block_k] lhs and one [block_k, block_n] rhs block. A k-step of a paired
-    item takes two consecutive ring steps: the first slot holds both halves' lhs rows and the
-    first half's block, the second slot the second half's block. Ring step s lands in slot
+    epilogue, and a visit costs one tile (split "m" computes two block_m halves however few rows the
+    visit holds). Warpgroup 2 streams every item's k-steps, in item order, into one ring of
+    `num_stages` slots: the CTA's step s (counted over the items that multiply) lands in slot
     s % num_stages and completes full[c, slot] for the item's consumer c, so each barrier has one
     waiter and Mosaic GPU's implicit phase tracking holds; the consumer releases a slot on
-    empty[slot] once the wgmma reading it is done (one k-step kept in flight)."""
+    empty[slot] once the wgmma reading it is done (one wgmma group kept in flight)."""
+    del activation  # refused by `gmm`
     bias_gmem, row_scale_gmem, out_gmem = _optional_refs(refs, has_bias, has_row_scale)
-    k_dim = lhs_gmem.shape[1]
+    lhs_rows, k_dim = lhs_gmem.shape
     n_dim = out_gmem.shape[1]
     bm, bn, bk, stages = cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_stages
-    half, epi_n = bm // 2, cfg.epi_n or bn
+    epi_n = cfg.epi_n or bn
     n_tiles, k_steps = n_dim // bn, k_dim // bk
     cta = jax.lax.axis_index("sm")
     items = _common.div(num_visits * n_tiles - cta + num_ctas - 1, num_ctas)
 
     def item(i):
-        """(halves: (group, lhs box row, first stored row, stored rows), paired, n-tile,
-        multiplies, stores)."""
+        """(group, first owned row, owned rows, the lhs box's first row, n-tile, multiplies)."""
         v, ni = plgpu.planar_snake(cta + i * num_ctas, (num_visits, n_tiles), 1, cfg.grid_tile_n)
-        halves = []
-        for h in range(2):
-            row_start = row_start_gmem[v, h]
-            size = row_end_gmem[v, h] - row_start
-            box = pl.multiple_of(box8_gmem[v, h] * 8, 8)
-            halves.append((group_gmem[v, h], box, row_start, size))
-        real = [(size > 0) & (g < num_groups) for g, _, _, size in halves]
-        stores = (halves[0][3] > 0) | (halves[1][3] > 0)
-        return halves, paired_gmem[v] != 0, ni, real[0] | real[1], stores
+        g = group_gmem[v]
+        row_start = row_start_gmem[v]
+        size = row_end_gmem[v] - row_start
+        a0 = pl.multiple_of(jnp.minimum(tile8_gmem[v], (lhs_rows - bm) // 8) * 8, 8)
+        return g, row_start, size, a0, ni, (size > 0) & (g < num_groups)
 
-    def store(o_smem, tiles, halves, col0):
-        """tiles(h, c): half h's column chunk c, stored to that half's rows."""
+    def store(o_smem, tile, a0, row_start, size, col0):
         for c in range(bn // epi_n):
-            for h in range(2):
-                o_smem[pl.ds(h * half, half)] = tiles(h, c).astype(o_smem.dtype)
-            plgpu.commit_smem()
-            for h, (_, box, row_start, size) in enumerate(halves):
-                _issue_row_stores(
-                    o_smem.at[pl.ds(h * half, half)],
-                    out_gmem,
-                    box,
-                    row_start,
-                    size,
-                    col0 + c * epi_n,
-                )
-            plgpu.wait_smem_to_gmem(0, wait_read_only=True)
+            o_smem[...] = tile(c).astype(o_smem.dtype)
+            _store_rows(o_smem, out_gmem, a0, row_start, size, col0 + c * epi_n)
 
     def body(lhs_smem, rhs_smem, o_smem, full, empty, epi):
         wg = jax.lax.axis_index("wg")
@@ -445,72 +414,45 @@ def _kernel_pingpong(
         @pl.when(wg < 2)
         def _consumer():
             plgpu.set_max_registers(232, action="increase")
-            epilogues = [
-                _Epilogue.of(bias_gmem, row_scale_gmem, None, epi, 2 * wg + h) for h in range(2)
-            ]
+            epilogue = _Epilogue.of(bias_gmem, row_scale_gmem, None, epi, wg)
 
-            def product(s, paired, acc_refs):
-                width = 1 + paired.astype(jnp.int32)  # ring steps a k-step takes
-
+            def product(s, acc_ref):
                 def step(kk, carry):
-                    slot = _common.rem(s + kk * width, stages)
-                    slot2 = _common.rem(s + kk * width + width - 1, stages)  # second half's rhs
+                    slot = _common.rem(s + kk, stages)
                     plgpu.barrier_wait(full.at[wg * stages + slot])
+                    b = rhs_smem.at[slot]
+                    plgpu.wgmma(acc_ref, lhs_smem.at[slot], b.T if transpose_rhs else b)
+                    plgpu.wgmma_wait(1)
 
-                    @pl.when(paired)
+                    @pl.when(kk > 0)  # the previous step's wgmma is done: release its slot
                     def _():
-                        plgpu.barrier_wait(full.at[wg * stages + slot2])
-
-                    for h, (acc_ref, b_slot) in enumerate(zip(acc_refs, (slot, slot2))):
-                        b = rhs_smem.at[b_slot]
-                        a = lhs_smem.at[slot, pl.ds(h * half, half)]
-                        plgpu.wgmma(acc_ref, a, b.T if transpose_rhs else b)
-                    plgpu.wgmma_wait(2)
-
-                    @pl.when(~paired & (kk > 0))  # the previous step's wgmma is done
-                    def _():
-                        plgpu.barrier_arrive(empty.at[_common.rem(s + kk - 1, stages)])
-
-                    # A paired step holds two slots: it finishes before the next step waits, so
-                    # that a consumer never holds four (the ring may have only four).
-                    @pl.when(paired)
-                    def _():
-                        plgpu.wgmma_wait(0)
-                        plgpu.barrier_arrive(empty.at[slot])
-                        plgpu.barrier_arrive(empty.at[slot2])
+                        plgpu.barrier_arrive(empty.at[_common.rem(s + kk + stages - 1, stages)])
 
                     return carry
 
                 jax.lax.fori_loop(0, k_steps, step, jnp.int32(0))
                 plgpu.wgmma_wait(0)
-
-                @pl.when(~paired)
-                def _():
-                    plgpu.barrier_arrive(empty.at[_common.rem(s + k_steps - 1, stages)])
-
-                return tuple(acc_ref[...] for acc_ref in acc_refs)
+                plgpu.barrier_arrive(empty.at[_common.rem(s + k_steps - 1, stages)])
+                return acc_ref[...]
 
             def per_item(i, s):
-                halves, paired, ni, multiplies, stores = item(i)
+                g, row_start, size, a0, ni, multiplies = item(i)
                 mine = _common.rem(i, 2) == wg
 
                 @pl.when(mine & multiplies)
                 def _grouped_rows():
-                    for epilogue, (g, box, _, _) in zip(epilogues, halves):
-                        epilogue.start(g, box, ni * bn)
-                    accs = pl.run_scoped(
-                        functools.partial(product, s, paired), [plgpu.ACC((half, bn))] * 2
-                    )
-                    outs = [epilogue.apply(acc) for epilogue, acc in zip(epilogues, accs)]
-                    chunk = lambda h, c: outs[h][:, c * epi_n : (c + 1) * epi_n]
-                    store(o_smem.at[wg], chunk, halves, ni * bn)
+                    epilogue.start(g, a0, ni * bn)
+                    acc = pl.run_scoped(functools.partial(product, s), plgpu.ACC((bm, bn)))
+                    out = epilogue.apply(acc)
+                    chunk = lambda c: out[:, c * epi_n : (c + 1) * epi_n]
+                    store(o_smem.at[wg], chunk, a0, row_start, size, ni * bn)
 
-                @pl.when(mine & ~multiplies & stores)
-                def _tail_rows():  # the pseudo-group's rows past sum(group_sizes)
-                    zeros = lambda h, c: jnp.zeros((half, epi_n), jnp.float32)
-                    store(o_smem.at[wg], zeros, halves, ni * bn)
+                @pl.when(mine & (size > 0) & (g == num_groups))
+                def _tail_rows():
+                    zeros = lambda c: jnp.zeros((bm, epi_n), jnp.float32)
+                    store(o_smem.at[wg], zeros, a0, row_start, size, ni * bn)
 
-                return s + jnp.where(multiplies, k_steps * (1 + paired.astype(jnp.int32)), 0)
+                return s + jnp.where(multiplies, k_steps, 0)
 
             jax.lax.fori_loop(0, items, per_item, jnp.int32(0))
 
@@ -519,57 +461,35 @@ def _kernel_pingpong(
             plgpu.set_max_registers(40, action="decrease")
 
             def per_item(i, s):
-                halves, paired, ni, multiplies, _ = item(i)
-                (g0, box0, _, _), (g1, box1, _, _) = halves
+                g, _, _, a0, ni, multiplies = item(i)
                 consumer = _common.rem(i, 2)
-                cols = pl.ds(ni * bn, bn)
-                width = 1 + paired.astype(jnp.int32)
-
-                def rhs_block(g, ks):
-                    rhs_g = rhs_gmem.at[jnp.minimum(g, num_groups - 1)]
-                    return rhs_g.at[cols, ks] if transpose_rhs else rhs_g.at[ks, cols]
 
                 @pl.when(multiplies)
                 def _():
-                    def step(kk, carry):
-                        ring_step = s + kk * width
-                        slot = _common.rem(ring_step, stages)
-                        slot2 = _common.rem(ring_step + 1, stages)
-                        ks = pl.ds(kk * bk, bk)
+                    rhs_g = rhs_gmem.at[jnp.minimum(g, num_groups - 1)]
 
-                        @pl.when(ring_step >= stages)
+                    def step(kk, carry):
+                        slot = _common.rem(s + kk, stages)
+
+                        @pl.when(s + kk >= stages)
                         def _():
                             plgpu.barrier_wait(empty.at[slot])
 
+                        cols, ks = pl.ds(ni * bn, bn), pl.ds(kk * bk, bk)
                         barrier = full.at[consumer * stages + slot]
-                        plgpu.copy_gmem_to_smem(rhs_block(g0, ks), rhs_smem.at[slot], barrier)
-
-                        @pl.when(~paired)
-                        def _():
-                            plgpu.copy_gmem_to_smem(
-                                lhs_gmem.at[pl.ds(box0, bm), ks], lhs_smem.at[slot], barrier
-                            )
-
-                        @pl.when(paired)
-                        def _():
-                            @pl.when(ring_step + 1 >= stages)
-                            def _():
-                                plgpu.barrier_wait(empty.at[slot2])
-
-                            barrier2 = full.at[consumer * stages + slot2]
-                            for h, (box, bar) in enumerate(((box0, barrier), (box1, barrier2))):
-                                plgpu.copy_gmem_to_smem(
-                                    lhs_gmem.at[pl.ds(box, half), ks],
-                                    lhs_smem.at[slot, pl.ds(h * half, half)],
-                                    bar,
-                                )
-                            plgpu.copy_gmem_to_smem(rhs_block(g1, ks), rhs_smem.at[slot2], barrier2)
-
+                        plgpu.copy_gmem_to_smem(
+                            lhs_gmem.at[pl.ds(a0, bm), ks], lhs_smem.at[slot], barrier
+                        )
+                        plgpu.copy_gmem_to_smem(
+                            rhs_g.at[cols, ks] if transpose_rhs else rhs_g.at[ks, cols],
+                            rhs_smem.at[slot],
+                            barrier,
+                        )
                         return carry
 
                     jax.lax.fori_loop(0, k_steps, step, jnp.int32(0))
 
-                return s + jnp.where(multiplies, k_steps * width, 0)
+                return s + jnp.where(multiplies, k_steps, 0)
 
             steps = jax.lax.fori_loop(0, items, per_item, jnp.int32(0))
 
@@ -584,7 +504,7 @@ def _kernel_pingpong(
         plgpu.SMEM((2, bm, epi_n), out_gmem.dtype),
         plgpu.Barrier(num_arrivals=2, num_barriers=2 * stages),  # full[consumer, slot]
         plgpu.Barrier(num_arrivals=1, num_barriers=stages),  # empty[slot]
-        _epilogue_scratch(4, 1, half, bn),  # [consumer, half]
+        _epilogue_scratch(2, 1, bm, bn),
         collective_axes="wg",
     )
 
@@ -758,14 +678,7 @@ def gmm(
         lhs = jnp.pad(lhs, ((0, lhs_rows - num_rows), (0, 0)))
     if activation == "gptoss":  # one uint32 word per interleaved (gate, up) pair: a free bitcast
         rhs = jax.lax.bitcast_convert_type(rhs.reshape(num_groups, k_dim, n_out, 2), jnp.uint32)
-    if cfg.split == "pingpong":  # halves of block_m / 2 rows, a group's short last visits paired
-        sched = dispatch.pair_short_tiles(
-            sched, num_groups, cfg.block_m, lhs_rows, pair=cfg.pair_tails
-        )
-        tiles = [sched.group, sched.m_start // 8, sched.row_start, sched.row_end]
-        operands = [*tiles, sched.paired.astype(jnp.int32), lhs, rhs]
-    else:
-        operands = [sched.group, sched.m_start // 8, sched.row_start, sched.row_end, lhs, rhs]
+    operands = [sched.group, sched.m_start // 8, sched.row_start, sched.row_end, lhs, rhs]
     if bias is not None:  # [G, parts, N_out]: the gate and up halves (a small copy for gpt-oss)
         bias = bias.astype(jnp.float32)
         if activation == "gptoss":
@@ -777,11 +690,10 @@ def gmm(
     if cfg.split == "pingpong":
         body = functools.partial(_kernel_pingpong, num_ctas=_common.num_sms())
     else:
-        body = functools.partial(
-            _kernel if cfg.consumers == 1 else _kernel_ws, activation=activation
-        )
+        body = _kernel if cfg.consumers == 1 else _kernel_ws
     kernel = functools.partial(
         body,
+        activation=activation,
         num_groups=num_groups,
         num_visits=sched.group.shape[0],
         cfg=cfg,
