@@ -50,7 +50,7 @@ def main(old_path, out_dir):
         preps["line"] = impls.IMPLS["cublas_line"](case, inputs)
         row = {
             "case": f"{case.workload.name} {case.mode} T={case.tokens}",
-            "line": preps["line"].note,
+            "line note": preps["line"].note,
         }
         outs = {}
         for _ in range(3):
