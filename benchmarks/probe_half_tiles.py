@@ -11,7 +11,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from benchmarks.bench_gmm import time_op
 from moe_pallas import backends, dispatch
