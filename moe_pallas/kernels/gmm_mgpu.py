@@ -42,7 +42,8 @@ interpret mode ran them.
 
 The H200's table runs gpt-oss's 2880 x 2880 products on 128 x 192 ping-pong tiles, which match
 XLA's batched dot on equal groups; a group's last visit computes a whole tile, as a half-height
-tile for a short last visit is slower there (docs/decisions.md).
+tile for a short last visit is slower there, and two short visits sharing one tile (two weight
+blocks a k-step) stall the ring (docs/decisions.md).
 
 Limits (ValueError, use the Triton backend instead): bf16/f16 operands of one dtype, block_n >= 64,
 N a multiple of block_n and K of block_k (both workloads' dimensions are multiples of 64); a GLU
