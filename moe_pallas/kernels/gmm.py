@@ -43,16 +43,10 @@ from moe_pallas.kernels import _common
 from moe_pallas.kernels.config import BlockConfig
 
 _ACTIVATIONS = (None, "swiglu", "gptoss")
-_SWIGLU_ONE_DOT = True
 
 
 def _and(a, b):
     return b if a is None else a if b is None else a & b
-
-
-def _runs(cols) -> bool:
-    """Whether a column block is given by its column indices (not by its first column)."""
-    return isinstance(cols, jax.Array) and cols.ndim == 1
 
 
 def _load(ref, mask):
@@ -104,14 +98,6 @@ def _gmm_kernel(
     if activation == "gptoss":
         pair_cols = 2 * n0 + jnp.arange(2 * bn, dtype=jnp.int32)
         blocks = ((2 * n0, 2 * bn, None if n_mask is None else pair_cols < 2 * n_out),)
-    elif activation == "swiglu" and _SWIGLU_ONE_DOT:
-        # One [bk, 2·bn] block: the gate columns, then the up columns N_out to the right (two
-        # contiguous runs of bn), so one dot of width 2·bn instead of two of bn.
-        j = jnp.arange(2 * bn, dtype=jnp.int32)
-        half = jax.lax.div(j, jnp.int32(bn))
-        glu_cols = n0 + j + half * (n_out - bn)
-        glu_mask = None if n_mask is None else (n0 + j - half * bn) < n_out
-        blocks = ((glu_cols, 2 * bn, glu_mask),)
     elif activation == "swiglu":
         blocks = ((n0, bn, n_mask), (n_out + n0, bn, n_mask))
     else:
@@ -165,9 +151,6 @@ def _gmm_kernel(
                         rhs_ref.at[g, pl.ds(c0, width), pl.ds(k0, bk)],
                         None if kn_mask is None else kn_mask.T,
                     ).astype(compute_dtype)
-                elif _runs(c0):  # SwiGLU's two column runs
-                    b = _load(rhs_ref.at[g, ks[:, None], c0[None, :]], kn_mask)
-                    b = b.astype(compute_dtype)
                 else:
                     b = _load(rhs_ref.at[g, pl.ds(k0, bk), pl.ds(c0, width)], kn_mask)
                     b = b.astype(compute_dtype)
@@ -183,16 +166,11 @@ def _gmm_kernel(
             if has_bias:
                 seg = tuple(
                     acc
-                    + _load(
-                        bias_ref.at[g, c0 if _runs(c0) else pl.ds(c0, width)],
-                        c_mask,
-                    ).astype(jnp.float32)[None, :]
+                    + _load(bias_ref.at[g, pl.ds(c0, width)], c_mask).astype(jnp.float32)[None, :]
                     for acc, (c0, width, c_mask) in zip(seg, blocks)
                 )
             if activation == "gptoss":
                 seg = jnp.unstack(seg[0].reshape(h, bn, 2), axis=-1)  # (gate, up)
-            elif activation == "swiglu" and len(seg) == 1:
-                seg = jnp.split(seg[0], 2, axis=1)  # (gate, up)
             out = glu(seg[0], seg[1], activation) if activation else seg[0]
             if has_row_scale:
                 scale = _load(row_scale_ref.at[pl.ds(m0 + off, h)], row_ok)
