@@ -6,20 +6,19 @@ token t's slot j; rows with an out-of-range expert id sort last, past every grou
 Every grouped matmul below goes through `moe_pallas.backends` (`gmm`, `tgmm`), so the policy of
 `implementation=` picks its backend per call.
 
-Forward under jax.grad (3 kernels):
-    a, h = gmm(x, w_gate_up, lhs_row_index=row_token, bias=b_gate_up, activation=,
-               keep_pre_activation=True)            a [M, I], h [M, 2I]    x's dtype
+Forward under jax.grad (4 kernels and one XLA elementwise pass):
+    h   = gmm(x, w_gate_up, lhs_row_index=row_token, bias=b_gate_up)      [M, 2I]  x's dtype
+    a   = glu(h) (XLA, float32 math)                                         [M, I]   x's dtype
     y   = gmm(a, w_down, bias=b_down, row_scale=row_weight)                  [M, H]   x's dtype
     out = combine(y, pair_row)          out[t] = Σ_j y[pair_row[t, j]], float32, j ascending
-The gate_up kernel stores h = x·w_gate_up + b_gate_up (the backward's residual) and a = glu of
-the same float32 accumulator, so the forward under jax.grad computes the output the primal
-computes without a gradient (there the kernel writes a only, and h never hits memory), and no
-XLA pass reads h back to apply the GLU (on backends other than Triton, `backends.gmm` still
-does: h, then glu(h) in XLA).
+Without a gradient (the custom_vjp primal) the first two steps are one kernel, gmm's GLU epilogue
+(`a = gmm(x, w_gate_up, ..., activation=)`), so h never hits memory; the forward rule under
+jax.grad keeps h, the backward's residual. The two are equally fast; the epilogue saves the
+[M, 2I] h.
 
 Residuals, chosen for memory: h [M, 2I] in x's dtype and the int32 routing metadata; x, the params
 and topk_weight are inputs the caller keeps anyway. Not saved: a (recomputed from h in the
-backward, so from h rounded to x's dtype where the forward's came from the float32 accumulator), y (d topk_weight comes from g·a below). Saving a and recomputing h instead would cost a
+backward), y (d topk_weight comes from g·a below). Saving a and recomputing h instead would cost a
 2·M·H·2I-FLOP matmul, 2/9 of the whole fwd+bwd arithmetic.
 
 Backward (e the row's expert):
@@ -56,6 +55,7 @@ import jax.numpy as jnp
 
 from moe_pallas import backends, quant
 from moe_pallas import dispatch as _dispatch
+from moe_pallas.activations import glu, split_gate_up
 
 
 def _routing(topk_idx, topk_weight, num_experts):
@@ -99,7 +99,8 @@ def _forward(activation, policy, x, topk_idx, topk_weight, params, keep_h=True):
         bias=params.get("b_gate_up"),
     )
     if keep_h:
-        a, h = gate_up(activation=activation, keep_pre_activation=True)
+        h = gate_up()
+        a = glu(*split_gate_up(h.astype(jnp.float32), activation), activation).astype(x.dtype)
     else:
         h, a = None, gate_up(activation=activation)
     y = backends.gmm(

@@ -43,28 +43,6 @@ def test_gmm_contract(backend, variant):
     assert not np.asarray(out[sum(SIZES) :]).any(), "rows past the groups are zeros"
 
 
-@pytest.mark.parametrize("policy", ["pallas_triton", "mosaic_gpu", "xla"])
-def test_gmm_keeps_the_pre_activation_on_every_policy(policy):
-    """backends.gmm(keep_pre_activation=True) gives (out, h) under every policy: the Triton kernel
-    writes both, the others compute h and then its GLU in XLA."""
-    rng = np.random.default_rng(8)
-    num_rows, k, n, g = sum(SIZES) + 3, 64, 128, len(SIZES)
-    lhs = jnp.asarray(rng.standard_normal((20, k)), BF16)
-    rhs = jnp.asarray(rng.standard_normal((g, k, n)) * 4 / np.sqrt(k), BF16)
-    kwargs = {
-        "lhs_row_index": jnp.asarray(rng.integers(0, 20, num_rows), jnp.int32),
-        "bias": jnp.asarray(rng.standard_normal((g, n)), BF16),
-        "activation": "gptoss",
-    }
-    sizes = jnp.asarray(SIZES, jnp.int32)
-    out, h = backends.gmm(policy, lhs, rhs, sizes, keep_pre_activation=True, **kwargs)
-    assert out.shape == (num_rows, n // 2) and h.shape == (num_rows, n)
-    assert rel_err(out, gmm64(lhs, rhs, SIZES, **kwargs)) < 1e-2  # a from float32 or from bf16 h
-    del kwargs["activation"]
-    assert rel_err(h, gmm64(lhs, rhs, SIZES, **kwargs)) < 1e-2
-    assert not np.asarray(h[sum(SIZES) :]).any()
-
-
 @pytest.mark.parametrize("backend", TGMM_BACKENDS)
 @pytest.mark.parametrize(
     "gather, rhs_sums, scaled_rhs",

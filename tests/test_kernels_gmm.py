@@ -199,32 +199,6 @@ def test_gmm_epilogue(activation, dtype):
     assert not np.asarray(out[sizes.sum() :]).any()
 
 
-@pytest.mark.parametrize("activation", ["swiglu", "gptoss"])
-@pytest.mark.parametrize("tail_m", [0, 32])
-def test_gmm_keeps_the_pre_activation(activation, tail_m):
-    """keep_pre_activation: the same out, bit for bit, and h = lhs @ rhs + bias in rhs's column
-    layout (zeros past sum(group_sizes)), from every tile path (tail_m: a group's long last visit
-    through the tail segment)."""
-    rng = np.random.default_rng(5)
-    m, m_src, k, n_out, g = 150, 40, 32, 24, 4
-    lhs = jnp.asarray(rng.standard_normal((m_src, k)), jnp.bfloat16)
-    rhs = jnp.asarray(rng.standard_normal((g, k, 2 * n_out)) * 1.5, jnp.bfloat16)
-    bias = jnp.asarray(rng.standard_normal((g, 2 * n_out)), jnp.bfloat16)
-    index = jnp.asarray(rng.integers(0, m_src, m), jnp.int32)
-    row_scale = jnp.asarray(rng.random(m), jnp.float32)
-    sizes = np.asarray([40, 0, 61, 45], np.int32)  # 4 rows past the groups
-    cfg = BlockConfig(block_m=32, block_n=32, block_k=16, group_m=2, min_block_m=16, tail_m=tail_m)
-    kwargs = dict(lhs_row_index=index, bias=bias, activation=activation, row_scale=row_scale)
-    plain = gmm(lhs, rhs, jnp.asarray(sizes), config=cfg, **kwargs)
-    out, h = gmm(lhs, rhs, jnp.asarray(sizes), config=cfg, keep_pre_activation=True, **kwargs)
-    np.testing.assert_array_equal(np.asarray(out), np.asarray(plain))
-    assert h.shape == (m, 2 * n_out) and h.dtype == jnp.bfloat16
-    assert rel_err(h, gmm64(lhs, rhs, sizes, lhs_row_index=index, bias=bias)) < _tol(jnp.bfloat16)
-    assert not np.asarray(h[sizes.sum() :]).any()
-    with pytest.raises(ValueError, match="keep_pre_activation"):
-        gmm(lhs, rhs, jnp.asarray(sizes), keep_pre_activation=True)
-
-
 def test_gmm_validation():
     rng = np.random.default_rng(4)
     lhs, rhs = _arrays(rng, 20, 16, 16, 2, jnp.float32)

@@ -46,7 +46,6 @@ import jax
 import jax.numpy as jnp
 
 from moe_pallas import quant, tuning
-from moe_pallas.activations import glu, split_gate_up
 from moe_pallas.kernels import _common
 
 Implementation = Literal["auto", "pallas_triton", "mosaic_gpu", "xla"]
@@ -170,12 +169,9 @@ def gmm(
     activation: str | None = None,
     row_scale: jax.Array | None = None,
     out_dtype=None,
-    keep_pre_activation: bool = False,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+) -> jax.Array:
     """`kernels.gmm.gmm`'s contract on the backend the policy selects for this call; rhs may be a
-    `quant.QuantizedWeight` (transposed: dequantised here, per call). keep_pre_activation (a GLU):
-    (out, h) with h the GLU's input; the Triton kernel writes both, other backends compute h and
-    then the GLU of h in XLA."""
+    `quant.QuantizedWeight` (transposed: dequantised here, per call)."""
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     weight_format = None
     if quant.is_quantized(rhs):
@@ -196,23 +192,7 @@ def gmm(
         fused_epilogue=bias is not None or row_scale is not None,
         weight_format=weight_format,
     )
-    backend = select(policy, problem)
-    if keep_pre_activation and (backend.name != "pallas_triton" or weight_format is not None):
-        h = gmm(
-            policy,
-            lhs,
-            rhs,
-            group_sizes,
-            lhs_row_index=lhs_row_index,
-            bias=bias,
-            out_dtype=out_dtype,
-        )
-        out = glu(*split_gate_up(h.astype(jnp.float32), activation), activation)
-        if row_scale is not None:
-            out = out * row_scale[: h.shape[0], None].astype(jnp.float32)
-        return out.astype(out_dtype), h
-    extra = {"keep_pre_activation": True} if keep_pre_activation else {}
-    return backend.gmm(
+    return select(policy, problem).gmm(
         lhs,
         rhs,
         group_sizes,
@@ -222,7 +202,6 @@ def gmm(
         activation=activation,
         row_scale=row_scale,
         out_dtype=out_dtype,
-        **extra,
     )
 
 

@@ -66,7 +66,6 @@ def _gmm_kernel(
     has_bias: bool,
     activation: str | None,
     has_row_scale: bool,
-    keep_h: bool,
     compute_dtype,
 ):
     it = iter(refs)
@@ -76,7 +75,6 @@ def _gmm_kernel(
     bias_ref = next(it) if has_bias else None
     row_scale_ref = next(it) if has_row_scale else None
     out_ref = next(it)
-    h_ref = next(it) if keep_h else None  # the GLU's input (acc + bias), rhs's column layout
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
 
     # Swizzle: walk group_m visits down each n-column before moving right.
@@ -110,26 +108,13 @@ def _gmm_kernel(
         row_ok = (rows >= row_start) & (rows < row_end)
         return row_ok, _and(row_ok[:, None], None if n_mask is None else n_mask[None, :])
 
-    def store_h(rows, row_ok, seg):
-        """The pre-activation blocks (acc + bias) of a segment's rows, in rhs's column layout."""
-        for acc, (c0, width, c_mask) in zip(seg, blocks):
-            plgpu.store(
-                h_ref.at[rows, pl.ds(c0, width)],
-                acc.astype(h_ref.dtype),
-                mask=_and(row_ok[:, None], None if c_mask is None else c_mask[None, :]),
-            )
-
     @pl.when(used & (g == num_groups))
     def _tail_rows():
-        row_ok, out_mask = masks(bm)
         plgpu.store(
             out_ref.at[pl.ds(m0, bm), pl.ds(n0, bn)],
             jnp.zeros((bm, bn), out_ref.dtype),
-            mask=out_mask,
+            mask=masks(bm)[1],
         )
-        if keep_h:
-            zeros = [jnp.zeros((bm, width), jnp.float32) for _, width, _ in blocks]
-            store_h(pl.ds(m0, bm), row_ok, zeros)
 
     def grouped_rows(bm, tail=0):
         """The visit's rows in a tile of bm rows (one of cfg.m_paths()), and with tail the
@@ -184,8 +169,6 @@ def _gmm_kernel(
                     + _load(bias_ref.at[g, pl.ds(c0, width)], c_mask).astype(jnp.float32)[None, :]
                     for acc, (c0, width, c_mask) in zip(seg, blocks)
                 )
-            if keep_h:
-                store_h(pl.ds(m0 + off, h), row_ok, seg)
             if activation == "gptoss":
                 seg = jnp.unstack(seg[0].reshape(h, bn, 2), axis=-1)  # (gate, up)
             out = glu(seg[0], seg[1], activation) if activation else seg[0]
@@ -228,8 +211,7 @@ def gmm(
     row_scale: jax.Array | None = None,
     out_dtype=None,
     config: BlockConfig | None = None,
-    keep_pre_activation: bool = False,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+) -> jax.Array:
     """Grouped matmul with in-kernel row gather and a fused epilogue (see the module docstring).
 
     lhs `[M_src, K]`; lhs_row_index `[M]` int32 (row m reads lhs[lhs_row_index[m]]), else M = M_src;
@@ -237,8 +219,7 @@ def gmm(
     activation None | "swiglu" | "gptoss" (then N = 2·N_out); row_scale `[M]`; config: the
     block sizes (default `BlockConfig()`; the backends pass the tuning table's, see
     `moe_pallas.tuning`), fitted to the problem. Returns `[M, N_out]` in out_dtype (default
-    lhs.dtype); with keep_pre_activation (a GLU only) also the GLU's input h = lhs @ rhs + bias,
-    `[M, N]` in out_dtype, written by the same kernel (the GLU reads the float32 accumulator, not h).
+    lhs.dtype).
     """
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation={activation!r} must be one of {_ACTIVATIONS}.")
@@ -247,8 +228,6 @@ def gmm(
     num_groups, k_dim, n_dim = _common.grouped_dims(lhs, rhs, group_sizes, transpose_rhs)
     if activation is not None and (transpose_rhs or n_dim % 2):
         raise ValueError("a GLU activation needs a non-transposed rhs with an even column count.")
-    if keep_pre_activation and activation is None:
-        raise ValueError("keep_pre_activation=True needs a GLU activation (h is the GLU's input).")
     if bias is not None and bias.shape != (num_groups, n_dim):
         raise ValueError(f"bias must be [{num_groups}, {n_dim}], got {bias.shape}.")
     gather = lhs_row_index is not None
@@ -261,8 +240,7 @@ def gmm(
     n_out = n_dim // 2 if activation else n_dim
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     if num_rows == 0 or n_out == 0:
-        out = jnp.zeros((num_rows, n_out), out_dtype)
-        return (out, jnp.zeros((num_rows, n_dim), out_dtype)) if keep_pre_activation else out
+        return jnp.zeros((num_rows, n_out), out_dtype)
     if k_dim == 0:
         return gmm(
             jnp.zeros((1, 16), lhs.dtype),
@@ -274,7 +252,6 @@ def gmm(
             row_scale=row_scale,
             out_dtype=out_dtype,
             config=config,
-            keep_pre_activation=keep_pre_activation,
         )
 
     cfg = (config or BlockConfig()).fit(num_rows, k_dim, n_out)
@@ -302,15 +279,11 @@ def gmm(
         has_bias=bias is not None,
         activation=activation,
         has_row_scale=row_scale is not None,
-        keep_h=keep_pre_activation,
         compute_dtype=jnp.promote_types(lhs.dtype, rhs.dtype),
     )
-    out_shape = jax.ShapeDtypeStruct((num_rows, n_out), out_dtype)
-    if keep_pre_activation:
-        out_shape = (out_shape, jax.ShapeDtypeStruct((num_rows, n_dim), out_dtype))
     return pl.pallas_call(
         kernel,
-        out_shape=out_shape,
+        out_shape=jax.ShapeDtypeStruct((num_rows, n_out), out_dtype),
         grid=(num_visits * pl.cdiv(n_out, cfg.block_n),),
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=_common.interpret_mode(),
