@@ -167,7 +167,9 @@ QUANT_FORMATS = ("fp8", "fp8_block", "mxfp4")
 
 @functools.cache
 def read_bandwidth() -> float:
-    """Bytes/s of a full read of a 4 GiB bf16 array (32 MiB off GPU) by a sum, median of 5."""
+    """Bytes/s of a streaming read: an XLA sum of a 4 GiB bf16 array (32 MiB off GPU), timed as
+    the suites are (bursts of 20 back-to-back calls with one wait, median of 5 bursts), since a
+    blocking call per sample adds the host's wait to a read of about a millisecond."""
     size = 1 << (31 if jax.default_backend() == "gpu" else 24)
     x = jax.random.normal(jax.random.key(0), (size,), jnp.bfloat16)
     total = jax.jit(lambda v: jnp.sum(v, dtype=jnp.float32))
@@ -175,8 +177,8 @@ def read_bandwidth() -> float:
     times = []
     for _ in range(5):
         start = time.perf_counter()
-        jax.block_until_ready(total(x))
-        times.append(time.perf_counter() - start)
+        jax.block_until_ready([total(x) for _ in range(20)])
+        times.append((time.perf_counter() - start) / 20)
     return x.nbytes / sorted(times)[2]
 
 
@@ -184,6 +186,16 @@ def _quantized_params(case: Case, inputs: dict, fmt: str) -> dict:
     if case.mode != "fwd":
         raise Skip("not implemented: quantised weights run forward layer cases only")
     return jax.jit(lambda p: moe_pallas.quantize_experts(p, fmt))(inputs["params"])
+
+
+FLOOR = "weight-read floor "
+
+
+def floor_ms(row: dict) -> float | None:
+    """A quantised-weights row's weight-read floor in ms (its message, `_floor_note`), else None.
+    Such rows have no % SOL: the case's SOL counts bf16 weight bytes, the floor the stored ones."""
+    message = row.get("message") or ""
+    return float(message[len(FLOOR) :].split(" ", 1)[0]) if message.startswith(FLOOR) else None
 
 
 def _floor_note(case: Case, inputs: dict, qparams: dict) -> str:
@@ -196,7 +208,7 @@ def _floor_note(case: Case, inputs: dict, qparams: dict) -> str:
     floor_bytes = hit * per_expert + 2 * inputs["x"].nbytes
     bandwidth = read_bandwidth()
     return (
-        f"weight-read floor {floor_bytes / bandwidth * 1e3:.4g} ms ({floor_bytes / 1e6:.4g} MB "
+        f"{FLOOR}{floor_bytes / bandwidth * 1e3:.4g} ms ({floor_bytes / 1e6:.4g} MB "
         f"at {bandwidth / 1e12:.2f} TB/s measured)"
     )
 

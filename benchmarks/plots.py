@@ -12,6 +12,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from benchmarks.impls import floor_ms
+
 LAYER_SUITES = ("gptoss", "swiglu256", "decode", "train")
 
 
@@ -32,7 +34,8 @@ def plot_pct_sol(rows, meta, path):
     for ax, suite in zip(axes[:, 0], suites):
         suite_rows = [r for r in rows if r["suite"] == suite]
         cases = list(dict.fromkeys(r["case"] for r in suite_rows))
-        impls = _impls([r for r in suite_rows if r["status"] == "ok"])
+        # Quantised weights have a floor of their own, not the case's bf16 SOL (latency.png).
+        impls = _impls([r for r in suite_rows if r["status"] == "ok" and floor_ms(r) is None])
         width = 0.8 / max(len(impls), 1)
         for j, impl in enumerate(impls):
             by_case = {r["case"]: r for r in suite_rows if r["impl"] == impl}
@@ -62,7 +65,7 @@ def plot_pct_sol(rows, meta, path):
 def plot_roofline(rows, meta, path):
     """Achieved TFLOP/s against arithmetic intensity, under the device's roof."""
     peak, bw = meta["peak_flops_bf16"] / 1e12, meta["bandwidth"] / 1e12
-    ok = [r for r in rows if r["status"] == "ok"]
+    ok = [r for r in rows if r["status"] == "ok" and floor_ms(r) is None]  # bf16 intensities
     colors = _colors(rows)
     fig, ax = plt.subplots(figsize=(7, 5))
     if ok:

@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path
 
+from benchmarks import impls as _impls
 from benchmarks import run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,9 +68,14 @@ def readme_section(results: Path, readme: Path, performance: Path) -> str:
     return "\n".join(lines)
 
 
-def _cell(row: dict | None) -> str:
+def _cell(row: dict | None, bf16: dict | None) -> str:
+    """ms (% SOL, × line); quantised weights: ms (speed-up over our bf16 layer, × their floor)."""
     if row is None or row["status"] != "ok":
         return "—"
+    floor = _impls.floor_ms(row)
+    if floor is not None:
+        speedup = "" if bf16 is None else f"{bf16['time_ms'] / row['time_ms']:.2f}× bf16's speed, "
+        return f"{row['time_ms']:.4g} ({speedup}{row['time_ms'] / floor:.2f}× floor)"
     ratio = "" if row.get("vs_line") is None else f", {row['vs_line']:.2f}× line"
     return f"{row['time_ms']:.4g} ({row['pct_sol']:.0f}%{ratio})"
 
@@ -91,7 +97,10 @@ def suite_table(suite: str, rows: list[dict], summary: list[dict]) -> list[str]:
     for case in dict.fromkeys(r["case"] for r in suite_rows):
         by_impl = {r["impl"]: r for r in suite_rows if r["case"] == case}
         first = next(iter(by_impl.values()))
-        cells = [_cell(by_impl.get(i)) for i in impls]
+        bf16 = by_impl.get("moe_pallas:auto")
+        cells = [
+            _cell(by_impl.get(i), bf16 if bf16 and bf16["status"] == "ok" else None) for i in impls
+        ]
         lines.append(
             f"| {case} | {first['hit_experts']} | {first['sol_ms']:.4g} | "
             + " | ".join(cells)
@@ -199,7 +208,12 @@ def performance_page(results: Path, performance: Path) -> str:
         "",
         "## Per case",
         "",
-        "Milliseconds (% SOL, ratio to the case's cuBLAS line); —: not timed, see below.",
+        (
+            "Milliseconds (% SOL, ratio to the case's cuBLAS line); `+fp8`, `+fp8_block`, "
+            "`+mxfp4`: the expert weights stored in that format, milliseconds (our bf16 layer's "
+            "time over this one, time over the weight-read floor: the hit experts' stored bytes "
+            "at the read bandwidth measured in the run); —: not timed, see below."
+        ),
         "",
     ]
     for suite in dict.fromkeys(r["suite"] for r in rows):
