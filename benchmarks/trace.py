@@ -147,15 +147,43 @@ def _tflops(flops: float, us: float) -> str:
     return f"{flops / (us * 1e-6) / 1e12:.0f}" if us > 0 else "—"
 
 
-def report(results: list[dict], impl: str, meta: str, top: int = 12) -> str:
-    lines = ["# Where the time goes", "", meta, ""]
+def _split(r: dict, impl: str) -> tuple[dict, dict]:
+    """Device µs per step of the matmul cores and of all kernels, for ours and the line."""
+    pairs = (("ours", r[impl]), ("line", r[_impls.LINE]))
+    cores = {k: sum(v for c, v in x["classes"].items() if c in MATMUL_CLASSES) for k, x in pairs}
+    device = {k: sum(x["classes"].values()) for k, x in pairs}
+    return cores, device
+
+
+def summary(results: list[dict], impl: str) -> list[str]:
+    """One row per case: the step ratio, then what its device time splits into (µs per step):
+    the matmul cores of both (and their TFLOP/s), what ours adds around the cores, and the GPU's
+    idle time between our kernels."""
+    lines = [
+        (
+            "| case | ours ms | line ms | ratio | matmul cores, ours µs (TFLOP/s) | line µs "
+            "(TFLOP/s) | around the cores µs | idle µs |"
+        ),
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         ours, line = r[impl], r[_impls.LINE]
-        cores = {
-            k: sum(v for c, v in x["classes"].items() if c in MATMUL_CLASSES)
-            for k, x in (("ours", ours), ("line", line))
-        }
-        device = {k: sum(x["classes"].values()) for k, x in (("ours", ours), ("line", line))}
+        cores, device = _split(r, impl)
+        lines.append(
+            f"| {r['case']} | {ours['step_ms']:.3f} | {line['step_ms']:.3f} | "
+            f"{ours['step_ms'] / line['step_ms']:.2f} | {cores['ours']:.0f} "
+            f"({_tflops(r['flops'], cores['ours'])}) | {cores['line']:.0f} "
+            f"({_tflops(r['flops'], cores['line'])}) | {device['ours'] - cores['ours']:.0f} | "
+            f"{max(ours['span_us'] - device['ours'], 0):.0f} |"
+        )
+    return lines
+
+
+def report(results: list[dict], impl: str, meta: str, top: int = 12) -> str:
+    lines = ["# Where the time goes", "", meta, "", *summary(results, impl), ""]
+    for r in results:
+        ours, line = r[impl], r[_impls.LINE]
+        cores, device = _split(r, impl)
         lines += [
             f"## {r['case']}",
             "",

@@ -640,3 +640,31 @@ def test_sass_captures_the_kernels_triton_module(weights):
     ttir = sass.triton_module(args)
     assert ttir.startswith("module") and "tt.dot" in ttir
     assert ("inline_asm" in ttir) == (weights != "bf16")  # the PTX decodes of fp8 and e2m1
+
+
+def test_trace_report_splits_each_case_against_the_line():
+    """benchmarks.trace's report: a summary row per case (step ratio, the matmul cores of both,
+    what ours adds around them, idle time), then the case's own tables."""
+    from benchmarks import trace
+
+    def side(step_ms, span_us, classes):
+        return {
+            "step_ms": step_ms,
+            "span_us": span_us,
+            "kernels": {},
+            "classes": classes,
+            "note": "",
+        }
+
+    result = {
+        "case": "gptoss/fwd/T=16384",
+        "flops": 3e12,
+        "moe_pallas:auto": side(6.6, 6100.0, {"gmm (Triton)": 4000.0, "combine": 120.0}),
+        "cublas_line": side(5.0, 4620.0, {"cuBLAS GEMM": 4600.0}),
+    }
+    text = trace.report([result], "moe_pallas:auto", "meta")
+    assert (
+        "| gptoss/fwd/T=16384 | 6.600 | 5.000 | 1.32 | 4000 (750) | 4600 (652) | 120 | 1980 |"
+        in (text)
+    )
+    assert "## gptoss/fwd/T=16384" in text and "| **around the cores** | 120 | 0 |" in text
