@@ -154,6 +154,44 @@ def test_gmm_quant_matches_oracle(fmt, activation, paired, monkeypatch):
     np.testing.assert_array_equal(np.asarray(out[27:], np.float32), 0)
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_block"])
+def test_fp8_gmm_keeps_rows_outside_float16s_range(fmt):
+    """fp8 weights multiply in float16, lhs rows scaled by a power of two each: rows of bf16
+    values far outside float16's range (2^±100), a zero row and a row with one large and many
+    tiny values match the float64 oracle row by row, with no overflow or flush to zero."""
+    rng = np.random.default_rng()
+    e, k, n = 2, 96, 64
+    w = jnp.asarray(rng.standard_normal((e, k, n)) / np.sqrt(k), jnp.bfloat16)
+    qw = quant.quantize_weight(w, fmt)
+    x = rng.standard_normal((6, k))
+    x[0] *= 2.0**100
+    x[1] *= 2.0**-100
+    x[2] = 0
+    x[3] *= 2.0**-40
+    x[3, 5] = 3e4
+    x = jnp.asarray(x, jnp.bfloat16)
+    out = gmm_quant(
+        x,
+        qw,
+        jnp.array([4, 2], jnp.int32),
+        out_dtype=jnp.float32,
+        config=BlockConfig(block_m=16, block_n=32, block_k=32, min_block_m=16),
+    )
+    want = gmm_oracle(
+        np.asarray(x, np.float64),
+        qw.dequantize(jnp.float32),
+        [4, 2],
+        np.zeros((e, n)),
+        None,
+        np.ones(6),
+    )
+    got = np.asarray(out, np.float64)
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got[2], 0)
+    for r in (0, 1, 3, 4, 5):
+        assert np.linalg.norm(got[r] - want[r]) <= 1e-5 * np.linalg.norm(want[r]), r
+
+
 @pytest.mark.parametrize(
     "fmt,activation,implementation,token_counts",
     [
