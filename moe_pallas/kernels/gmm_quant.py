@@ -20,6 +20,11 @@ Each format puts its scale where it costs least:
     multiple of 64, so there is no K tail.
 Every scale product is one float32 multiply of a float32 partial sum, so the result equals the
 float32-accumulated product with the exactly decoded weights up to float32 summation order.
+fp8 weights multiply in float16, where e4m3 decodes in one hardware conversion per two values
+(`_e4m3_f16`); a bf16 lhs enters as float16 with a power of two per row (`_f16_rows`: bf16's 8
+significant bits fit float16's 11, the power keeps each row in float16's range), restored on the
+float32 accumulator before the bias, so the products are bf16's own but for terms under 2^-28 of
+a row's largest.
 
 Tiling. As `kernels.gmm`: a 1-D grid of (visit, n-tile) pairs over `dispatch.tile_schedule`'s
 visits, the in-kernel row gather, one compiled path per tile height (`BlockConfig.m_paths`), K
@@ -28,9 +33,8 @@ with wᵀ dequantise per call (`moe_pallas.backends`). Values are stored N-major
 [E, N, K/2]; `moe_pallas.quant`): a tile is [block_n, K depth] bytes with K contiguous, fed to
 the dot as its transposed second operand, so the 16-row tensor-core fragment reads 4 bytes of K
 per shared-memory load where a [K, N] layout read each byte alone. fp8 is loaded as bytes (a masked
-fp8 load's fill value does not lower in Triton 3.6) and decoded in registers by bit placement
-(`_e4m3`, as e2m1's `_e2m1`): both decodes run on the integer and bf16x2 pipes, not on the
-quarter-rate conversion pipe, which is what bounds an in-kernel decode of a memory-bound gmm.
+fp8 load's fill value does not lower in Triton 3.6) and bitcast in registers; e2m1 decodes by bit
+placement (`_e2m1`) on the integer and bf16x2 pipes (sm_90 has no e2m1 conversion instruction).
 
 Offsets. Pallas addresses an array in int32 element offsets unless it spans more than 2^32
 bytes, so a byte array of more than 2^31 elements, up to 2^32 (fp8 SwiGLU-256 gate_up,
@@ -67,44 +71,9 @@ def _load(ref, mask):
     return plgpu.load(ref, mask=mask) if mask is None else plgpu.load(ref, mask=mask, other=0)
 
 
-# e4m3 -> bf16 by bit placement, as e2m1 below: the code's exponent and mantissa bits (E3..E0
-# M2..M0) go to bf16's lowest four exponent bits and top three mantissa bits, the sign to the sign
-# bit, which reads as e4m3(code) · 2^-120 (E = 0 lands on bf16's subnormals, as e4m3's own
-# subnormals); one bf16 multiply by 2^120 is then exact. The hardware path (e4m3x2 -> f16x2, then
-# one f16 -> bf16 conversion per value) runs on the GPU's quarter-rate conversion pipe, 1.5
-# instructions a value, which bounded the fp8 gmm at about the element rate of bf16's. One inline
-# PTX block does 4 bytes in integer and bf16x2 instructions: per pair of values a byte permute
-# that sign-extends each byte into its 16-bit lane, a shift, a lop3 and the multiply; the NaN codes
-# (all seven E M bits set) are flagged per byte by an add that carries into bit 7, widened by a
-# permute into an all-ones lane (a bf16 NaN) and or-ed in, so a NaN weight stays NaN.
-E4M3_PTX = (
-    """{
-.reg .b32 n, t, m, a, c, z;
-mov.b32 c, 0x7B807B80;
-mov.b32 z, 0;
-and.b32 n, $2, 0x7F7F7F7F;
-add.u32 n, n, 0x01010101;
-and.b32 n, n, 0x80808080;
-"""
-    + "".join(
-        f"""prmt.b32 t, $2, z, {select};
-shl.b32 a, t, 4;
-prmt.b32 m, n, z, {flag};
-lop3.b32 a, a, 0x87F087F0, m, 0xEA;
-mul.rn.bf16x2 ${out}, a, c;
-"""
-        for out, select, flag in ((0, "0x9180", "0x9988"), (1, "0xB3A2", "0xBBAA"))
-    )
-    + "}"
-)
-
-
-# fp8 weights multiply in float16 (see `_f16_rows`): e4m3 -> f16 is exact and one hardware
-# conversion (cvt e4m3x2 -> f16x2) per two values, a quarter of the issue slots of the bf16 bit
-# decode below and a third of the conversion-pipe work of e4m3 -> f16 -> bf16.
-FP8_COMPUTE = "f16"
-
-
+# fp8 weights multiply in float16: e4m3 -> f16 is exact and one hardware conversion (cvt e4m3x2
+# -> f16x2, on the conversion pipe) per two values, where e4m3 -> bf16 costs a second conversion
+# per value (f16 -> bf16), or, by bit placement, 3.25 integer and bf16x2 instructions a value.
 def _e4m3_f16(q):
     """uint8 [r, n] of e4m3 codes -> their values as float16 (exact; NaN codes NaN)."""
     return jax.lax.bitcast_convert_type(q, jnp.float8_e4m3fn).astype(jnp.float16)
@@ -123,20 +92,6 @@ def _f16_rows(lhs):
     _, e = jnp.frexp(jnp.where(ok, amax, 1.0))
     p = jnp.where(ok, jnp.ldexp(jnp.ones_like(amax), e - 15), 1.0)
     return (x / p[:, None]).astype(jnp.float16), p
-
-
-def _e4m3(q, dtype):
-    """uint8 [r, n] of e4m3 codes -> their values as `dtype` [r, n] (exact; NaN codes NaN)."""
-    if not _common.interpret_mode():
-        [w] = plgpu.elementwise_inline_asm(
-            E4M3_PTX,
-            args=[q],
-            constraints="=r,=r,r",
-            pack=4,
-            result_shape_dtypes=[jax.ShapeDtypeStruct(q.shape, jnp.bfloat16)],
-        )
-        return w.astype(dtype)
-    return jax.lax.bitcast_convert_type(q, jnp.float8_e4m3fn).astype(dtype)
 
 
 # e2m1 -> bf16 by bit placement: the code's exponent and mantissa bits (E1 E0 M) go to bf16's
@@ -324,8 +279,7 @@ def _kernel(
                     q = q.astype(jnp.uint8)
                 else:
                     q = load_values(c0, width, valid, k0, bk, k_mask)
-                w = _e4m3_f16(q) if f16_rows else _e4m3(q, compute_dtype)
-                d = plgpu.dot(a, w, trans_b=True)
+                d = plgpu.dot(a, _e4m3_f16(q).astype(compute_dtype), trans_b=True)
                 if fmt == "fp8_block":
                     block_scales = scales_ref.at[g, k0 // FP8_BLOCK, pl.ds(c0, width)]
                     d = d * _load(block_scales, col_mask(width, valid))[None, :]
@@ -450,7 +404,7 @@ def gmm_quant(
     operands = [sched.group, sched.m_start, sched.row_end]
     if gather:
         operands.append(lhs_row_index.astype(jnp.int32))
-    f16_rows = fmt != "mxfp4" and lhs.dtype == jnp.bfloat16 and FP8_COMPUTE == "f16"
+    f16_rows = fmt != "mxfp4" and lhs.dtype == jnp.bfloat16  # (Math: fp8 in float16)
     if f16_rows:
         lhs, lhs_scale = _f16_rows(lhs)
         operands += [lhs, values, scales, lhs_scale]
