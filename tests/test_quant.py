@@ -341,8 +341,6 @@ def _run_ptx(asm: str, word: int) -> list[int]:
                 ((0xFF if p & 0x80 else 0) if s else p) << (8 * i)
                 for i, (p, s) in enumerate(zip(picked, spread))
             )
-        elif op == "add.u32":
-            regs[d] = (val(src[0]) + val(src[1])) & 0xFFFFFFFF
         elif op == "shl.b32":
             regs[d] = (val(src[0]) << val(src[1])) & 0xFFFFFFFF
         elif op == "and.b32":

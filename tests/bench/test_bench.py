@@ -639,7 +639,8 @@ def test_sass_captures_the_kernels_triton_module(weights):
     )
     ttir = sass.triton_module(args)
     assert ttir.startswith("module") and "tt.dot" in ttir
-    assert ("inline_asm" in ttir) == (weights != "bf16")  # the PTX decodes of fp8 and e2m1
+    assert ("inline_asm" in ttir) == (weights == "mxfp4")  # e2m1's PTX decode
+    assert ("tt.fp_to_fp" in ttir) == (weights == "fp8")  # e4m3 -> f16 by the hardware
 
 
 def test_trace_report_splits_each_case_against_the_line():
@@ -668,3 +669,24 @@ def test_trace_report_splits_each_case_against_the_line():
         in (text)
     )
     assert "## gptoss/fwd/T=16384" in text and "| **around the cores** | 120 | 0 |" in text
+
+
+def test_canonical_script_names_existing_suites_and_implementations():
+    """benchmarks/canonical.sh (the published run's steps): without a step it prints its usage and
+    exits 2; every implementation and suite it names exists, and every trace case parses."""
+    import re
+
+    from benchmarks import trace
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "canonical.sh"
+    done = subprocess.run(["bash", str(script)], check=False, capture_output=True, text=True)
+    assert done.returncode == 2 and "usage" in done.stderr
+    text = script.read_text()
+    names = set()
+    for value in re.findall(r"^(?:IMPLS|OURS_Q|PEERS_Q)=(\S+)$", text, re.MULTILINE):
+        names |= set(value.split(","))
+    assert len(names) == 10 and names <= set(impls.IMPLS)
+    for suites in re.findall(r"--suite (\S+)", text):
+        assert set(suites.split(",")) <= set(cases.SUITES)
+    for case in re.findall(r"(?:gptoss|swiglu256):(?:fwd|train):\d+", text):
+        trace.parse_case(case, small=False)

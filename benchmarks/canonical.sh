@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The canonical run kept in benchmarks/results/ (docs/benchmarks.md, "The canonical run"), in steps
+# that each fit a 10-minute call on an H200, all at one commit (BENCH_COMMIT=<sha> where the tree
+# has no .git):
+#   benchmarks/canonical.sh 1    # gptoss forward suite, bf16 and quantised weights (a new run)
+#   benchmarks/canonical.sh 2    # swiglu256 forward suite, likewise (appended)
+#   benchmarks/canonical.sh 3    # decode with the quantised peers, and the gmm micro-benchmarks
+#   benchmarks/canonical.sh 4    # train, then benchmarks.trace of the compute-bound cases
+#   python3 -m benchmarks.readme # README's table and docs/performance.md from the folder
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=benchmarks/results
+IMPLS=moe_pallas:auto,cublas_line,tokamax,torch._grouped_mm
+OURS_Q=moe_pallas:auto+fp8,moe_pallas:auto+fp8_block,moe_pallas:auto+mxfp4
+PEERS_Q=tokamax+fp8,tokamax+fp8_block,tokamax+mxfp4
+PY=${PYTHON:-python3}
+run() { "$PY" -m benchmarks.run --out "$OUT" --time-limit 540 "$@"; }
+case "${1:-}" in
+  1) run --suite gptoss --impls "$IMPLS,$OURS_Q" ;;
+  2) run --suite swiglu256 --impls "$IMPLS,$OURS_Q" --append ;;
+  3) run --suite decode,gmm --impls "$IMPLS,$OURS_Q,$PEERS_Q" --append ;;
+  4)
+    run --suite train --impls "$IMPLS" --append
+    "$PY" -m benchmarks.trace --steps 5 --out "$OUT/trace.md" --case gptoss:fwd:4096 \
+      gptoss:fwd:16384 gptoss:train:4096 gptoss:train:16384 swiglu256:fwd:3803 \
+      swiglu256:fwd:4096 swiglu256:fwd:8192 swiglu256:train:8192
+    ;;
+  *) echo "usage: benchmarks/canonical.sh 1|2|3|4 (docs/benchmarks.md)" >&2; exit 2 ;;
+esac
