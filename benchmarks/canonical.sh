@@ -5,7 +5,7 @@
 #   benchmarks/canonical.sh 1    # gptoss forward suite, bf16 and quantised weights (a new run)
 #   benchmarks/canonical.sh 2    # swiglu256 forward suite, likewise (appended)
 #   benchmarks/canonical.sh 3    # decode with the quantised peers, and the gmm micro-benchmarks
-#   benchmarks/canonical.sh 4    # train, then benchmarks.trace of the compute-bound cases
+#   benchmarks/canonical.sh 4    # train, then benchmarks.trace of decode, 64-row and compute-bound cases
 #   python3 -m benchmarks.readme # README's table and docs/performance.md from the folder
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,9 +21,10 @@ case "${1:-}" in
   3) run --suite decode,gmm --impls "$IMPLS,$OURS_Q,$PEERS_Q" --append ;;
   4)
     run --suite train --impls "$IMPLS" --append
-    "$PY" -m benchmarks.trace --steps 5 --out "$OUT/trace.md" --case gptoss:fwd:4096 \
-      gptoss:fwd:16384 gptoss:train:4096 gptoss:train:16384 swiglu256:fwd:3803 \
-      swiglu256:fwd:4096 swiglu256:fwd:8192 swiglu256:train:8192
+    "$PY" -m benchmarks.trace --steps 5 --out "$OUT/trace.md" --case gptoss:fwd:1 \
+      gptoss:fwd:2048 gptoss:fwd:4096 gptoss:fwd:16384 gptoss:train:2048 gptoss:train:4096 \
+      gptoss:train:16384 swiglu256:fwd:1 swiglu256:fwd:2048 swiglu256:fwd:3803 \
+      swiglu256:fwd:4096 swiglu256:fwd:8192 swiglu256:train:2048 swiglu256:train:8192
     ;;
   *) echo "usage: benchmarks/canonical.sh 1|2|3|4 (docs/benchmarks.md)" >&2; exit 2 ;;
 esac

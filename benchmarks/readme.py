@@ -227,7 +227,7 @@ def performance_page(results: Path, performance: Path) -> str:
             "## Where the time goes",
             "",
             (
-                "Device time per step of the compute-bound cases, ours against the cuBLAS line "
+                "Device time per step of the traced cases, ours against the cuBLAS line "
                 f"(`python -m benchmarks.trace`, [{_link(trace, performance)}]"
                 f"({_link(trace, performance)})):"
             ),
