@@ -407,9 +407,7 @@ def gmm_quant(
     f16_rows = fmt != "mxfp4" and lhs.dtype == jnp.bfloat16  # (Math: fp8 in float16)
     if f16_rows:
         lhs, lhs_scale = _f16_rows(lhs)
-        operands += [lhs, values, scales, lhs_scale]
-    else:
-        operands += [lhs, values, scales]
+    operands += [lhs, values, scales, *([lhs_scale] if f16_rows else [])]
     if bias is not None:
         operands.append(bias)
     if row_scale is not None:
