@@ -17,7 +17,7 @@ under this GPU's `device_kind` (a device new to the table is added with its SM c
 GPU the table is for; without --write the entries are printed only:
 
     python -m benchmarks.autotune_gmm --classes small [--kernels gmm] [--around-table] [--write]
-    python -m benchmarks.autotune_gmm --weights mxfp4 --classes small large --kernels gmm gmm_glu
+    python -m benchmarks.autotune_gmm --weights mxfp4 --kernels gmm gmm_glu
 
 With --weights fp8 or mxfp4 the expert weights are quantised (`quant.quantize_weight`) and the
 forward kernels (gmm, gmm_glu) run `kernels.gmm_quant`; the entries are keyed by the stored element
@@ -86,9 +86,11 @@ GLU_CANDIDATES = {
     ]
     for cls, cands in GMM_CANDIDATES.items()
 }
-# Quantised weights, small and large classes (tiles that do not spill: module docstring); GLU
-# block_n counts output columns, so its tile reads twice the weight columns of the same plain tile.
-QUANT_CANDIDATES = {
+# Quantised weights (tiles that do not spill: module docstring); GLU block_n counts output columns,
+# so its tile reads twice the weight columns of the same plain tile. The tiny class streams weights:
+# a stored byte carries 1 (fp8) or 2 (mxfp4) values, so its 16-row tiles reach further along K or N
+# than bf16's for the same bytes in flight per stage.
+_QUANT_ROWS = {
     "gmm": [
         C(128, 128, 64, 8, 8, 4),
         C(128, 128, 64, 8, 8, 4, min_block_m=64),
@@ -103,6 +105,30 @@ QUANT_CANDIDATES = {
         C(64, 32, 128, 8, 4, 4),
         C(64, 64, 64, 8, 4, 4),
     ],
+}
+QUANT_CANDIDATES = {
+    "tiny": {
+        "gmm": [
+            C(16, 128, 128, 8, 4, 3),
+            C(16, 128, 128, 8, 4, 5),
+            C(16, 128, 256, 8, 4, 3),
+            C(16, 128, 256, 8, 4, 4),
+            C(16, 256, 128, 8, 4, 4),
+            C(16, 64, 256, 8, 4, 4),
+            C(16, 256, 256, 8, 8, 3),
+        ],
+        "gmm_glu": [
+            C(16, 64, 128, 8, 4, 3),
+            C(16, 64, 128, 8, 4, 5),
+            C(16, 64, 256, 8, 4, 3),
+            C(16, 64, 256, 8, 4, 4),
+            C(16, 128, 128, 8, 4, 4),
+            C(16, 32, 256, 8, 4, 4),
+            C(16, 128, 256, 8, 8, 3),
+        ],
+    },
+    "small": _QUANT_ROWS,
+    "large": _QUANT_ROWS,
 }
 QUANT_FORMATS = {"fp8": "float8_e4m3fn", "mxfp4": "float4_e2m1fn"}
 TGMM_CANDIDATES = [
@@ -226,13 +252,12 @@ def _candidates(
     kernel, cls, around_table=False, device=None, path=tuning.TABLE_PATH, weights="bf16"
 ):
     if weights != "bf16":
-        if around_table or cls == "tiny" or kernel not in QUANT_CANDIDATES:
+        if around_table or kernel not in QUANT_CANDIDATES[cls]:
             raise ValueError(
-                "quantised weights are tuned for gmm and gmm_glu in the small and large classes "
-                "(--classes small large --kernels gmm gmm_glu, without --around-table); the tiny "
-                "class's 16-row tiles are the bf16 entries'."
+                "quantised weights are tuned for gmm and gmm_glu (--kernels gmm gmm_glu, without "
+                "--around-table)."
             )
-        return QUANT_CANDIDATES[kernel]
+        return QUANT_CANDIDATES[cls][kernel]
     seed = table_config(kernel, cls, device, path=path) if around_table else None
     if seed is not None:  # the table's entry, its bucketed-M and tail_m variants (gmm kernels)
         if kernel == "tgmm":
@@ -372,7 +397,7 @@ def main(argv=None):
         "--weights",
         default="bf16",
         choices=["bf16", *QUANT_FORMATS],
-        help="expert weights: bf16, or quantised (gmm and gmm_glu, small and large classes)",
+        help="expert weights: bf16, or quantised (gmm and gmm_glu)",
     )
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
     parser.add_argument(

@@ -481,8 +481,10 @@ def test_autotune_quantised_weights_writes_entries_of_their_element_type(tmp_pat
     ]
     with pytest.raises(ValueError, match="gmm and gmm_glu"):
         autotune_gmm._candidates("tgmm", "small", weights="mxfp4")
-    with pytest.raises(ValueError, match="tiny"):
-        autotune_gmm._candidates("gmm", "tiny", weights="fp8")
+    with pytest.raises(ValueError, match="around-table"):
+        autotune_gmm._candidates("gmm", "small", around_table=True, weights="fp8")
+    tiny = autotune_gmm._candidates("gmm_glu", "tiny", weights="mxfp4")
+    assert tiny and all(c.block_m == 16 for c in tiny)
 
 
 def test_autotune_seeds_from_the_table_and_keeps_every_field(tmp_path):
