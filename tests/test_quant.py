@@ -69,15 +69,18 @@ def test_formats_decode_and_quantise():
 
 @pytest.mark.parametrize("fmt", quant.FORMATS)
 def test_quantising_works_a_few_experts_at_a_time(fmt):
-    """quantize_experts' and dequantize_experts' temporaries stay under the weight's bytes
-    (a chunk of experts' float32 copies, not the whole weight's: SwiGLU-256's gate_up ran out of
-    memory on the H200 asking for 48 GiB), and the chunks change no value."""
+    """quantize_experts' and dequantize_experts' temporaries stay under a float32 copy of the
+    whole weight (SwiGLU-256's gate_up ran out of memory on the H200 asking for 48 GiB): a chunk
+    of experts at a time. Unchunked, both take at least that copy (CPU: 128 and 192 MiB); chunked,
+    16-33 MiB on CPU and 64-85 MiB on the H200, whose XLA keeps more temporaries. And the chunks
+    change no value."""
     w = jax.ShapeDtypeStruct((64, 512, 1024), jnp.bfloat16)
+    whole_f32 = 64 * 512 * 1024 * 4  # 128 MiB
     memory = quant._quantize.lower(w, fmt).compile().memory_analysis()
-    assert memory.temp_size_in_bytes <= 64 * 512 * 1024 * 2  # the whole weight's: 128 MiB
+    assert memory.temp_size_in_bytes < whole_f32
     qw = jax.eval_shape(lambda w: quant._quantize(w, fmt), w)  # and the way back
     memory = quant._dequantize.lower(qw, dtype=jnp.dtype(jnp.bfloat16)).compile().memory_analysis()
-    assert memory.temp_size_in_bytes <= 64 * 512 * 1024 * 2  # the whole weight's: 192 MiB
+    assert memory.temp_size_in_bytes < whole_f32
     rng = np.random.default_rng()
     small = jnp.asarray(rng.standard_normal((5, 128, 96)), jnp.bfloat16)
     chunked = quant.quantize_weight(small, fmt)
