@@ -53,12 +53,19 @@ def readme_section(results: Path, readme: Path, performance: Path) -> str:
         f"Per case, the method and what was not timed: [{page}]({page}); the run itself: "
         f"[`{results_link}/`]({results_link}/)."
     )
+    # Quantised weights' suite means mix memory- and compute-bound cases and have no % SOL of
+    # their own bytes: their per-case speed and floor are on the performance page.
+    quantised = {f"+{fmt}" for fmt in _impls.QUANT_FORMATS}
+    summary = [s for s in data["summary"] if not any(s["impl"].endswith(q) for q in quantised)]
     lines = [
         BEGIN,
         GENERATED.format(results=results_link),
         run.header(meta),
         "",
-        *run.summary_table(rows, data["summary"]),
+        *run.summary_table(rows, summary),
+        "",
+        f"Quantised expert weights ({', '.join(_impls.QUANT_FORMATS)}), per case against our bf16 "
+        f"layer and their weight-read floor: [{page}]({page}#per-case).",
         "",
         f"![% SOL per case]({results_link}/pct_sol.png)",
         "",
@@ -116,11 +123,12 @@ def suite_table(suite: str, rows: list[dict], summary: list[dict]) -> list[str]:
         return f"{s['mean_ms']:.4g}{pct}, {s['cases_ok']}/{s['cases']} cases"
 
     lines.append(f"| mean | | {sol:.4g} | " + " | ".join(mean(means[i]) for i in impls) + " |")
-    checked = [
+    ours = [
         r
         for r in suite_rows
         if r["impl"].startswith("moe_pallas:") and r.get("rel_err") is not None
     ]
+    checked = [r for r in ours if _impls.floor_ms(r) is None]
     if checked:
         worst = max(checked, key=lambda r: r["rel_err"])
         lines += [
@@ -129,6 +137,19 @@ def suite_table(suite: str, rows: list[dict], summary: list[dict]) -> list[str]:
                 f"Largest relative error of our outputs in this suite: {worst['rel_err']:.2g} "
                 f"({worst['impl']} against {worst['rel_err_vs']}, {worst['case']})."
             ),
+        ]
+    # Quantised weights' outputs differ from the bf16 weights' by the quantisation itself (their
+    # kernels are checked against the bf16 layer on the decoded weights in tests/test_quant.py).
+    quantised = {}
+    for r in ours:
+        if _impls.floor_ms(r) is not None:
+            quantised[r["impl"]] = max(quantised.get(r["impl"], 0.0), r["rel_err"])
+    if quantised:
+        errs = ", ".join(f"{impl.split('+')[-1]} {err:.2g}" for impl, err in quantised.items())
+        lines += [
+            "",
+            f"Quantised weights against bf16 weights' outputs, largest (the quantisation error): "
+            f"{errs}.",
         ]
     return lines
 
