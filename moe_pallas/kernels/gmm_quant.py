@@ -166,7 +166,6 @@ def _kernel(
     compute_dtype,
     paired: bool,
     f16_rows: bool,
-    swap: bool = False,
 ):
     it = iter(refs)
     group_ref, m_start_ref, row_end_ref = (next(it) for _ in range(3))
@@ -280,20 +279,14 @@ def _kernel(
                     q = q.astype(jnp.uint8)
                 else:
                     q = load_values(c0, width, valid, k0, bk, k_mask)
-                w = _e4m3_f16(q).astype(compute_dtype)
-                d = plgpu.dot(w, a, trans_b=True) if swap else plgpu.dot(a, w, trans_b=True)
+                d = plgpu.dot(a, _e4m3_f16(q).astype(compute_dtype), trans_b=True)
                 if fmt == "fp8_block":
                     block_scales = scales_ref.at[g, k0 // FP8_BLOCK, pl.ds(c0, width)]
-                    s_cols = _load(block_scales, col_mask(width, valid))
-                    d = d * (s_cols[:, None] if swap else s_cols[None, :])
+                    d = d * _load(block_scales, col_mask(width, valid))[None, :]
                 new[c] = new[c] + d
             return tuple(new)
 
-        swapped = swap and fmt != "mxfp4"
-        accs = tuple(
-            jnp.zeros((width, h) if swapped else (h, width), jnp.float32)
-            for _, width, _ in blocks
-        )
+        accs = tuple(jnp.zeros((h, width), jnp.float32) for _, width, _ in blocks)
         if fmt == "mxfp4":
             sub_blocks = k_dim // (2 * MX_BLOCK)
             accs = jax.lax.fori_loop(0, sub_blocks // unroll, mx_body, accs)
@@ -305,8 +298,6 @@ def _kernel(
             )
         else:
             accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), fp8_body, accs)
-            if swapped:
-                accs = tuple(acc.T for acc in accs)
 
         if f16_rows:  # lhs = lhs16 · p per lhs row (`_f16_rows`), exact in float32
             p_rows = _load(
@@ -368,7 +359,6 @@ def gmm_quant(
     row_scale: jax.Array | None = None,
     out_dtype=None,
     config: BlockConfig | None = None,
-    swap: bool = False,
 ) -> jax.Array:
     """`kernels.gmm.gmm` (no transpose_rhs) with rhs a `QuantizedWeight` of logical shape
     [G, K, N] (module docstring); config's tail_m is ignored and block_k fitted to the format
@@ -437,7 +427,6 @@ def gmm_quant(
         compute_dtype=lhs.dtype,
         paired=paired,
         f16_rows=f16_rows,
-        swap=swap,
     )
     return pl.pallas_call(
         kernel,
