@@ -386,6 +386,16 @@ def test_e2m1_ptx_decodes_every_byte(nibble):
     np.testing.assert_array_equal(got, e2m1_oracle(codes))
 
 
+def test_e8m0_scales_decode_every_code():
+    """The kernel's e8m0 decode (exponent-field placement and one integer max) is 2^(c - 127) as
+    float32 for all 256 codes, bit for bit: c = 0 the subnormal 2^-127, c = 255 +inf."""
+    codes = np.arange(256)
+    got = np.asarray(gmm_quant_module._e8m0(jnp.asarray(codes, jnp.uint8)))
+    with np.errstate(over="ignore"):  # c = 255: 2^128 is +inf in float32
+        want = np.ldexp(np.float32(1), codes - 127).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
 def test_paired_view_needs_an_even_k(monkeypatch):
     """fp8 weights read as byte pairs along K (over 2^31 bytes, forced here) with an odd K: a
     ValueError naming K and the fix, not a misread byte."""

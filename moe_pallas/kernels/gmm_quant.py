@@ -144,10 +144,11 @@ def _e2m1(q, nibble: str):
 def _e8m0(codes):
     """e8m0 code c -> 2^(c - 127) as float32, by placing c in the exponent field: one shift on
     the GPU's full-rate integer pipe where exp2 took a conversion and a MUFU op (both quarter
-    rate) per scale. c = 0 is the subnormal 2^-127 (bits 0x00400000); c = 255 reads as +inf, as
-    in `quant.dequantize`'s ldexp."""
+    rate) per scale. c = 0 is the subnormal 2^-127 (bits 0x00400000, below every c << 23 of
+    c >= 1, so one integer max places it); c = 255 reads as +inf, as in `quant.dequantize`'s
+    ldexp."""
     c = codes.astype(jnp.int32)
-    bits = jnp.where(c == 0, 0x00400000, c << 23)
+    bits = jnp.maximum(c << 23, 0x00400000)
     return jax.lax.bitcast_convert_type(bits, jnp.float32)
 
 
