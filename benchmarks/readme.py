@@ -64,8 +64,10 @@ def readme_section(results: Path, readme: Path, performance: Path) -> str:
         "",
         *run.summary_table(rows, summary),
         "",
-        f"Quantised expert weights ({', '.join(_impls.QUANT_FORMATS)}), per case against our bf16 "
-        f"layer and their weight-read floor: [{page}]({page}#per-case).",
+        (
+            f"Quantised expert weights ({', '.join(_impls.QUANT_FORMATS)}), per case against our "
+            f"bf16 layer and their weight-read floor: [{page}]({page}#per-case)."
+        ),
         "",
         f"![% SOL per case]({results_link}/pct_sol.png)",
         "",
@@ -148,8 +150,10 @@ def suite_table(suite: str, rows: list[dict], summary: list[dict]) -> list[str]:
         errs = ", ".join(f"{impl.split('+')[-1]} {err:.2g}" for impl, err in quantised.items())
         lines += [
             "",
-            f"Quantised weights against bf16 weights' outputs, largest (the quantisation error): "
-            f"{errs}.",
+            (
+                "Quantised weights against bf16 weights' outputs, largest (the quantisation "
+                f"error): {errs}."
+            ),
         ]
     return lines
 
