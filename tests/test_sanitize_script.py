@@ -191,8 +191,8 @@ def test_a_case_off_under_the_tool_passes_only_if_exact_alone(tmp_path):
 
 def test_the_cases_run_gmm_quant_at_exactly_the_configs_the_backend_looks_up():
     """Each quantised format's gmm_quant cases are the table's configs for its element type (its
-    own entries where it has them, else the "*" ones), so the sanitizer sees the shipped configs
-    and no config a format never runs."""
+    own entries where it has them, else the "*" ones, at every K the table names and at any
+    other K), so the sanitizer sees the shipped configs and no config a format never runs."""
     from moe_pallas import quant, tuning
     from tests import sanitize
 
@@ -201,20 +201,24 @@ def test_the_cases_run_gmm_quant_at_exactly_the_configs_the_backend_looks_up():
         "fp8_block": "float8_e4m3fn",
         "mxfp4": "float4_e2m1fn",
     }
+    device = tuning.table()["default_device"]
+    entries = tuning.table()["devices"][device]["entries"]
+    named_k = {e["k"] for e in entries if e["k"] != "*"}
     want = set()
     for fmt in quant.FORMATS:
         for kernel in ("gmm", "gmm_glu"):
             for rows in tuning.ROWS_CLASSES:
-                found = tuning.lookup(
-                    "pallas_triton",
-                    kernel,
-                    dtype=quant_elements[fmt],
-                    k=2880,
-                    n=2880,
-                    rows=rows,
-                    device=tuning.table()["default_device"],
-                )
-                want.add((kernel, str(found), fmt))
+                for k in (*named_k, 1):  # 1: a K no entry names
+                    found = tuning.lookup(
+                        "pallas_triton",
+                        kernel,
+                        dtype=quant_elements[fmt],
+                        k=k,
+                        n=1,
+                        rows=rows,
+                        device=device,
+                    )
+                    want.add((kernel, str(found), fmt))
     got = set()
     for case in sanitize.cases():
         parts = case.name.split("/")
@@ -229,6 +233,6 @@ def test_the_cases_run_gmm_quant_at_exactly_the_configs_the_backend_looks_up():
         k=2880,
         n=2880,
         rows="small",
-        device=tuning.table()["default_device"],
+        device=device,
     )
     assert ("gmm_glu", str(star_small_glu), "mxfp4") not in got
