@@ -1,6 +1,7 @@
 """Quantised expert weights: formats round-trip, the on-chip-converting gmm (interpret mode) and
 the expert block against float64 oracles on the exactly dequantised weights, gradients, errors."""
 
+import dataclasses
 import shutil
 
 import jax
@@ -394,6 +395,21 @@ def test_e8m0_scales_decode_every_code():
     with np.errstate(over="ignore"):  # c = 255: 2^128 is +inf in float32
         want = np.ldexp(np.float32(1), codes - 127).astype(np.float32)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_each_format_fits_the_tiles_k_step():
+    """fp8 takes up to 256 K a step, mxfp4 64-256 (whole 32-byte sub-block pairs), fp8_block at
+    most 128 (one scale row a step): a tile asking for more, from the entries fp8_block shares with
+    fp8, reads the same weight bytes a step as wider N."""
+    cfg = BlockConfig(16, 32, 256, 8, 4, 4)
+    fit = gmm_quant_module._format_tile
+    assert (fit("fp8", cfg).block_n, fit("fp8", cfg).block_k) == (32, 256)
+    assert (fit("fp8_block", cfg).block_n, fit("fp8_block", cfg).block_k) == (64, 128)
+    assert fit("fp8", dataclasses.replace(cfg, block_k=512)).block_k == 256
+    assert fit("mxfp4", dataclasses.replace(cfg, block_k=16)).block_k == 64
+    assert fit("mxfp4", dataclasses.replace(cfg, block_k=512)).block_k == 256
+    small = dataclasses.replace(cfg, block_k=64)
+    assert all(fit(f, small) == small for f in quant.FORMATS)
 
 
 def test_paired_view_needs_an_even_k(monkeypatch):

@@ -340,13 +340,17 @@ def _kernel(
         pl.when(run)(functools.partial(grouped_rows, p))
 
 
-def _block_k(fmt: str, block_k: int) -> int:
-    """K values per loop step: fp8_block at most 128 (one scale row per step); mxfp4 64, 128 or
-    256 (1, 2 or 4 sub-blocks of 32 bytes of K, each scale row its own pair of dots); fp8 at most
-    256."""
+def _format_tile(fmt: str, cfg: BlockConfig) -> BlockConfig:
+    """K values per loop step: mxfp4 64, 128 or 256 (1, 2 or 4 sub-blocks of 32 bytes of K, each
+    scale row its own pair of dots); fp8 at most 256; fp8_block at most 128 (one scale row per
+    step), a tile that asks for more K (fp8's entries, which fp8_block shares) reading the same
+    weight bytes a step as that much wider N."""
     if fmt == "mxfp4":
-        return min(max(block_k, 2 * MX_BLOCK), 8 * MX_BLOCK)
-    return min(block_k, FP8_BLOCK if fmt == "fp8_block" else 2 * FP8_BLOCK)
+        return dataclasses.replace(cfg, block_k=min(max(cfg.block_k, 2 * MX_BLOCK), 8 * MX_BLOCK))
+    if fmt == "fp8_block" and cfg.block_k > FP8_BLOCK:
+        wider = cfg.block_n * cfg.block_k // FP8_BLOCK
+        return dataclasses.replace(cfg, block_k=FP8_BLOCK, block_n=wider)
+    return dataclasses.replace(cfg, block_k=min(cfg.block_k, 2 * FP8_BLOCK))
 
 
 def gmm_quant(
@@ -362,8 +366,8 @@ def gmm_quant(
     config: BlockConfig | None = None,
 ) -> jax.Array:
     """`kernels.gmm.gmm` (no transpose_rhs) with rhs a `QuantizedWeight` of logical shape
-    [G, K, N] (module docstring); config's tail_m is ignored and block_k fitted to the format
-    (`_block_k`)."""
+    [G, K, N] (module docstring); config's tail_m is ignored and its K step fitted to the format
+    (`_format_tile`)."""
     fmt = rhs.fmt
     num_groups, k_dim, n_dim = rhs.shape
     if lhs.ndim != 2 or lhs.shape[1] != k_dim:
@@ -381,8 +385,8 @@ def gmm_quant(
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     if num_rows == 0 or n_out == 0:
         return jnp.zeros((num_rows, n_out), out_dtype)
-    cfg = (config or BlockConfig()).fit(num_rows, k_dim, n_out)
-    cfg = dataclasses.replace(cfg, block_k=_block_k(fmt, cfg.block_k), tail_m=0)
+    cfg = _format_tile(fmt, config or BlockConfig()).fit(num_rows, k_dim, n_out)
+    cfg = dataclasses.replace(cfg, tail_m=0)
     values, scales = rhs.values, rhs.scales
     if fmt != "mxfp4":  # fp8 travels as bytes: a masked fp8 load's fill value does not lower
         values = jax.lax.bitcast_convert_type(values, jnp.uint8)
