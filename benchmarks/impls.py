@@ -165,6 +165,13 @@ def _ours(backend: str):
 QUANT_FORMATS = ("fp8", "fp8_block", "mxfp4")
 
 
+def weight_format(impl: str) -> str | None:
+    """The quantised weight format an implementation's name carries ("moe_pallas:auto+fp8":
+    "fp8"), or None for bf16 weights."""
+    fmt = impl.rpartition("+")[2]
+    return fmt if "+" in impl and fmt in QUANT_FORMATS else None
+
+
 @functools.cache
 def read_bandwidth() -> float:
     """Bytes/s of a streaming read: an XLA sum of a 4 GiB bf16 array (32 MiB off GPU), timed as

@@ -55,8 +55,7 @@ def readme_section(results: Path, readme: Path, performance: Path) -> str:
     )
     # Quantised weights' suite means mix memory- and compute-bound cases and have no % SOL of
     # their own bytes: their per-case speed and floor are on the performance page.
-    quantised = {f"+{fmt}" for fmt in _impls.QUANT_FORMATS}
-    summary = [s for s in data["summary"] if not any(s["impl"].endswith(q) for q in quantised)]
+    summary = [s for s in data["summary"] if _impls.weight_format(s["impl"]) is None]
     lines = [
         BEGIN,
         GENERATED.format(results=results_link),
@@ -130,7 +129,7 @@ def suite_table(suite: str, rows: list[dict], summary: list[dict]) -> list[str]:
         for r in suite_rows
         if r["impl"].startswith("moe_pallas:") and r.get("rel_err") is not None
     ]
-    checked = [r for r in ours if _impls.floor_ms(r) is None]
+    checked = [r for r in ours if _impls.weight_format(r["impl"]) is None]
     if checked:
         worst = max(checked, key=lambda r: r["rel_err"])
         lines += [
@@ -144,10 +143,10 @@ def suite_table(suite: str, rows: list[dict], summary: list[dict]) -> list[str]:
     # kernels are checked against the bf16 layer on the decoded weights in tests/test_quant.py).
     quantised = {}
     for r in ours:
-        if _impls.floor_ms(r) is not None:
-            quantised[r["impl"]] = max(quantised.get(r["impl"], 0.0), r["rel_err"])
+        if (fmt := _impls.weight_format(r["impl"])) is not None:
+            quantised[fmt] = max(quantised.get(fmt, 0.0), r["rel_err"])
     if quantised:
-        errs = ", ".join(f"{impl.split('+')[-1]} {err:.2g}" for impl, err in quantised.items())
+        errs = ", ".join(f"{fmt} {err:.2g}" for fmt, err in quantised.items())
         lines += [
             "",
             (
