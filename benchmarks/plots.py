@@ -12,7 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from benchmarks.impls import floor_ms
+from benchmarks.impls import weight_format
 
 LAYER_SUITES = ("gptoss", "swiglu256", "decode", "train")
 
@@ -35,7 +35,9 @@ def plot_pct_sol(rows, meta, path):
         suite_rows = [r for r in rows if r["suite"] == suite]
         cases = list(dict.fromkeys(r["case"] for r in suite_rows))
         # Quantised weights have a floor of their own, not the case's bf16 SOL (latency.png).
-        impls = _impls([r for r in suite_rows if r["status"] == "ok" and floor_ms(r) is None])
+        impls = _impls(
+            [r for r in suite_rows if r["status"] == "ok" and weight_format(r["impl"]) is None]
+        )
         width = 0.8 / max(len(impls), 1)
         for j, impl in enumerate(impls):
             by_case = {r["case"]: r for r in suite_rows if r["impl"] == impl}
@@ -65,7 +67,7 @@ def plot_pct_sol(rows, meta, path):
 def plot_roofline(rows, meta, path):
     """Achieved TFLOP/s against arithmetic intensity, under the device's roof."""
     peak, bw = meta["peak_flops_bf16"] / 1e12, meta["bandwidth"] / 1e12
-    ok = [r for r in rows if r["status"] == "ok" and floor_ms(r) is None]  # bf16 intensities
+    ok = [r for r in rows if r["status"] == "ok" and weight_format(r["impl"]) is None]  # bf16
     colors = _colors(rows)
     fig, ax = plt.subplots(figsize=(7, 5))
     if ok:

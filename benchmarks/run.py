@@ -178,7 +178,7 @@ def run_case(case, impl_names, params, device, budget_s, pbar=None, skip=None) -
                 rel_err_vs=None if rel_err is None else reference_name,
                 message=prep.note,
             )
-            if _impls.floor_ms(row) is not None:
+            if _impls.weight_format(name) is not None:
                 row["pct_sol"] = None  # bf16 bytes' SOL; the message gives the stored bytes' floor
             del prep, out, comparable
         except _impls.Skip as err:
@@ -212,7 +212,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         for impl in dict.fromkeys(r["impl"] for r in suite_rows):
             ok = [r for r in suite_rows if r["impl"] == impl and r["status"] == "ok"]
             mean = sum(r["time_ms"] for r in ok) / len(ok) if ok else None
-            bf16_sol = not any(_impls.floor_ms(r) is not None for r in ok)
+            bf16_sol = _impls.weight_format(impl) is None
             ratios = [r["vs_line"] for r in ok if r.get("vs_line") is not None]
             out.append(
                 {
