@@ -65,3 +65,37 @@ for wl in ("gptoss", "swiglu256"):
     del params, qp, dense
 with open(sys.argv[1], "w") as f:
     json.dump(results, f, indent=1)
+
+# fp8_block at gpt-oss decode: the K = 2880 tiles run at wider N against K capped alone.
+fp8b = []
+wl = "gptoss"
+params = C.make_params(WORKLOADS[wl])
+qp = {
+    f: jax.jit(lambda p, f=f: moe_pallas.quantize_experts(p, f))(params)
+    for f in ("fp8", "fp8_block")
+}
+for tokens in (1, 16) if SMALL else (16, 64, 256):
+    case = C.Case("decode", WORKLOADS[wl], tokens, "fwd")
+    inputs = R._inputs(case, params)
+    preps = {"bf16": impls._ours("auto")(case, inputs)}
+    preps["fp8"] = impls._ours("auto")(case, {**inputs, "params": qp["fp8"]})
+    for wide in (True, False):
+        gq.FP8B_WIDE = wide
+        preps[f"fp8_block_{'wide' if wide else 'capped'}"] = impls._ours("auto")(
+            case, {**inputs, "params": qp["fp8_block"]}
+        )
+    outs = {k: np.asarray(p.wait(p.call())) for k, p in preps.items()}
+    times = {k: [] for k in preps}
+    for _ in range(3):
+        for k, p in preps.items():
+            times[k].append(R.measure(p, 0.2)[0] * 1e3)
+    row = {
+        "case": case.name,
+        "ms": {k: sorted(v)[1] for k, v in times.items()},
+        "wide_vs_capped_rel": rel(outs["fp8_block_wide"], outs["fp8_block_capped"]),
+    }
+    fp8b.append(row)
+    print(json.dumps(row), flush=True)
+    del preps
+with open(sys.argv[1].replace(".json", "_fp8b.json"), "w") as f:
+    json.dump(fp8b, f, indent=1)

@@ -146,6 +146,7 @@ def _e2m1(q, nibble: str):
 # Probe: "bf16" decodes e2m1 into bf16 and multiplies by 2^126 (the committed decode), "f16" as
 # above; read at trace time.
 MX_COMPUTE = "f16"
+FP8B_WIDE = True  # probe: fp8_block's K=2880 tiles at wider N (True) or capped K only
 
 
 def _e2m1_bf16_ptx(high: bool) -> str:
@@ -396,6 +397,8 @@ def _format_tile(fmt: str, cfg: BlockConfig) -> BlockConfig:
     weight bytes a step as that much wider N."""
     if fmt == "mxfp4":
         return dataclasses.replace(cfg, block_k=min(max(cfg.block_k, 2 * MX_BLOCK), 8 * MX_BLOCK))
+    if fmt == "fp8_block" and cfg.block_k > FP8_BLOCK and not FP8B_WIDE:
+        return dataclasses.replace(cfg, block_k=FP8_BLOCK)
     if fmt == "fp8_block" and cfg.block_k > FP8_BLOCK:
         wider = cfg.block_n * cfg.block_k // FP8_BLOCK
         return dataclasses.replace(cfg, block_k=FP8_BLOCK, block_n=wider)
