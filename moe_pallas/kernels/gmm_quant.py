@@ -94,62 +94,15 @@ def _f16_rows(lhs):
     return (x / p[:, None]).astype(jnp.float16), p
 
 
-# e2m1 -> float16 by bit placement: a code S E1 E0 M puts E1 E0 M in float16's two lowest
-# exponent bits and top mantissa bit (bits 11..9) and S in the sign bit, which reads as
-# e2m1(code) · 2^-14 (E = 0, M = 1 is float16's subnormal 2^-15, i.e. 0.5 · 2^-14): exact, with
-# no multiply, as the 2^14 is put back on the float32 accumulator with the row powers. On the GPU
-# one inline PTX block does this for the low or the high nibbles of 4 bytes in 32-bit lanes: one
-# and that keeps those nibbles, then per pair of values a byte permute into the two 16-bit lanes,
-# two shifts (E1 E0 M to bits 9..11, S to bit 15) and one lop3, (a | b) & 0x8E008E00
-# (2.25 instructions a value).
-E2M1_BIAS = 2.0**14
-
-
+# e2m1 -> bf16 by bit placement: the code's exponent and mantissa bits (E1 E0 M) go to bf16's
+# lowest two exponent bits and top mantissa bit, the sign to the sign bit, which reads as
+# e2m1(code) · 2^-126 (E = 0, M = 1 is bf16's subnormal 2^-127, i.e. 0.5 · 2^-126); one bf16
+# multiply by 2^126 is then exact. On the GPU one inline PTX block does this for the low or the
+# high nibbles of 4 bytes in 32-bit lanes: 2 byte permutes, then per pair of values 2 shifts, an
+# and, a lop3 and a bf16x2 multiply (3 instructions a value). (One block with both nibbles' two
+# outputs would save the second pair of permutes, but jax 0.11.2's Pallas lowering of
+# elementwise_inline_asm returns a single result.)
 def _e2m1_ptx(high: bool) -> str:
-    shift = 4 if high else 0
-    pair = "".join(
-        f"""prmt.b32 t, q, z, {selector};
-shl.b32 a, t, {9 - shift};
-shl.b32 b, t, {12 - shift};
-lop3.b32 ${out}, a, b, c, 0xA8;
-"""
-        for out, selector in ((0, "0x4140"), (1, "0x4342"))
-    )
-    keep = "0xF0F0F0F0" if high else "0x0F0F0F0F"
-    return (
-        "{\n.reg .b32 t, q, a, b, c, z;\nmov.b32 c, 0x8E008E00;\nmov.b32 z, 0;\n"
-        f"and.b32 q, $2, {keep};\n" + pair + "}"
-    )
-
-
-E2M1_PTX = {"low": _e2m1_ptx(False), "high": _e2m1_ptx(True)}
-
-
-def _e2m1(q, nibble: str):
-    """uint8 [r, n] -> the e2m1 values of its low or high nibbles times 2^-14 as float16 [r, n]
-    (exact)."""
-    if not _common.interpret_mode():
-        [w] = plgpu.elementwise_inline_asm(
-            E2M1_PTX[nibble],
-            args=[q],
-            constraints="=r,=r,r",
-            pack=4,
-            result_shape_dtypes=[jax.ShapeDtypeStruct(q.shape, jnp.float16)],
-        )
-        return w
-    codes = q.astype(jnp.uint16)
-    codes = codes >> 4 if nibble == "high" else codes & 0xF
-    bits = ((codes & 7) << 9) | ((codes & 8) << 12)
-    return jax.lax.bitcast_convert_type(bits.astype(jnp.uint16), jnp.float16)
-
-
-# Probe: "bf16" decodes e2m1 into bf16 and multiplies by 2^126 (the committed decode), "f16" as
-# above; read at trace time.
-MX_COMPUTE = "f16"
-FP8B_WIDE = True  # probe: fp8_block's K=2880 tiles at wider N (True) or capped K only
-
-
-def _e2m1_bf16_ptx(high: bool) -> str:
     shift = 4 if high else 0
     pair = "".join(
         f"""prmt.b32 t, $2, z, {selector};
@@ -164,14 +117,14 @@ mul.rn.bf16x2 ${out}, a, c;
     return "{\n.reg .b32 t, a, b, c, z;\nmov.b32 c, 0x7E807E80;\nmov.b32 z, 0;\n" + pair + "}"
 
 
-E2M1_BF16_PTX = {"low": _e2m1_bf16_ptx(False), "high": _e2m1_bf16_ptx(True)}
+E2M1_PTX = {"low": _e2m1_ptx(False), "high": _e2m1_ptx(True)}
 
 
-def _e2m1_bf16(q, nibble: str):
+def _e2m1(q, nibble: str):
     """uint8 [r, n] -> the e2m1 values of its low or high nibbles as bf16 [r, n] (exact)."""
     if not _common.interpret_mode():
         [w] = plgpu.elementwise_inline_asm(
-            E2M1_BF16_PTX[nibble],
+            E2M1_PTX[nibble],
             args=[q],
             constraints="=r,=r,r",
             pack=4,
@@ -298,8 +251,7 @@ def _kernel(
                     _e8m0(_load(scales_ref.at[g, row, cols], mask))
                     for row in (s_row, k_dim // (2 * MX_BLOCK) + s_row)
                 )
-                dec = _e2m1 if MX_COMPUTE == "f16" else _e2m1_bf16
-                w_lo, w_hi = (dec(q, n).astype(compute_dtype) for n in ("low", "high"))
+                w_lo, w_hi = (_e2m1(q, n).astype(compute_dtype) for n in ("low", "high"))
                 lo = plgpu.dot(a_lo, w_lo, trans_b=True)
                 hi = plgpu.dot(a_hi, w_hi, trans_b=True)
                 new[c] = new[c] + lo * s_lo[None, :] + hi * s_hi[None, :]
@@ -356,8 +308,6 @@ def _kernel(
         def epilogue(acc, cols, mask):
             if f16_rows:
                 acc = acc * p_rows[:, None]
-            if fmt == "mxfp4" and MX_COMPUTE == "f16":  # the decode's 2^-14 (`_e2m1`)
-                acc = acc * E2M1_BIAS
             if fmt == "fp8":
                 acc = acc * _load(scales_ref.at[g, cols], mask)[None, :]
             if has_bias:
@@ -397,8 +347,6 @@ def _format_tile(fmt: str, cfg: BlockConfig) -> BlockConfig:
     weight bytes a step as that much wider N."""
     if fmt == "mxfp4":
         return dataclasses.replace(cfg, block_k=min(max(cfg.block_k, 2 * MX_BLOCK), 8 * MX_BLOCK))
-    if fmt == "fp8_block" and cfg.block_k > FP8_BLOCK and not FP8B_WIDE:
-        return dataclasses.replace(cfg, block_k=FP8_BLOCK)
     if fmt == "fp8_block" and cfg.block_k > FP8_BLOCK:
         wider = cfg.block_n * cfg.block_k // FP8_BLOCK
         return dataclasses.replace(cfg, block_k=FP8_BLOCK, block_n=wider)
@@ -461,7 +409,7 @@ def gmm_quant(
     operands = [sched.group, sched.m_start, sched.row_end]
     if gather:
         operands.append(lhs_row_index.astype(jnp.int32))
-    f16_rows = lhs.dtype == jnp.bfloat16 and (fmt != "mxfp4" or MX_COMPUTE == "f16")
+    f16_rows = fmt != "mxfp4" and lhs.dtype == jnp.bfloat16  # (Math: fp8 in float16)
     if f16_rows:
         lhs, lhs_scale = _f16_rows(lhs)
     operands += [lhs, values, scales, *([lhs_scale] if f16_rows else [])]
