@@ -119,10 +119,55 @@ def _expand_blocks(scales, k, n):
     return s[:, :k, :n]
 
 
-def mxfp4_codes(values):
-    """uint8 [E, N, K/2] -> int32 e2m1 codes [E, K, N] (low nibbles first, module layout)."""
+# Probe: mxfp4 bytes as 32-bit words of 8 codes at `MX_WORD_BITS` (True) or a code a nibble.
+MX_WORDS = True
+# Where a word of 4 stored bytes (little-endian: byte i is bits 8i..8i+7) keeps the (sign,
+# exponent 1, exponent 0, mantissa) bits of its 8 codes: the low half's codes L0..L3 (k = r..r+3)
+# and the high half's H0..H3 (k = K/2 + r..). Chosen so that the kernel's decode places each
+# pair of codes into bf16x2 bits 15, 8, 7, 6 (+16) with one shift and one and: L0 L1 unshifted,
+# L2 L3 shifted left 3, H0 H1 left 6, H2 H3 from the 8 bits left over (`kernels.gmm_quant`).
+MX_WORD_BITS = (
+    ((15, 8, 7, 6), (31, 24, 23, 22), (12, 5, 4, 3), (28, 21, 20, 19)),
+    ((9, 2, 1, 0), (25, 18, 17, 16), (14, 13, 11, 10), (30, 29, 27, 26)),
+)
+
+
+def mxfp4_pack(lo, hi):
+    """int codes [..., K/2] of the low (k < K/2) and high halves -> the stored uint8 [..., K/2]."""
+    if not MX_WORDS:
+        return (lo | (hi << 4)).astype(jnp.uint8)
+    shape = lo.shape
+    word = jnp.zeros((*shape[:-1], shape[-1] // 4), jnp.uint32)
+    for half, codes in enumerate((lo, hi)):
+        codes = codes.astype(jnp.uint32).reshape(*shape[:-1], -1, 4)
+        for i, places in enumerate(MX_WORD_BITS[half]):
+            for bit, place in zip((3, 2, 1, 0), places):
+                word = word | (((codes[..., i] >> bit) & 1) << place)
+    parts = [(word >> (8 * b)) & 0xFF for b in range(4)]
+    return jnp.stack(parts, axis=-1).reshape(shape).astype(jnp.uint8)
+
+
+def mxfp4_unpack(values):
+    """The stored uint8 [..., K/2] -> int32 codes (low half, high half), each [..., K/2]."""
     v = values.astype(jnp.int32)
-    return jnp.swapaxes(jnp.concatenate([v & 0xF, v >> 4], axis=2), 1, 2)
+    if not MX_WORDS:
+        return v & 0xF, v >> 4
+    shape = v.shape
+    b = v.reshape(*shape[:-1], -1, 4)
+    word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+    halves = []
+    for places_of in MX_WORD_BITS:
+        codes = [
+            sum(((word >> place) & 1) << bit for bit, place in zip((3, 2, 1, 0), places))
+            for places in places_of
+        ]
+        halves.append(jnp.stack(codes, axis=-1).reshape(shape))
+    return tuple(halves)
+
+
+def mxfp4_codes(values):
+    """uint8 [E, N, K/2] -> int32 e2m1 codes [E, K, N] (module layout)."""
+    return jnp.swapaxes(jnp.concatenate(mxfp4_unpack(values), axis=2), 1, 2)
 
 
 @functools.partial(jax.jit, static_argnames="dtype")
@@ -207,8 +252,8 @@ def _quantize_one(w, fmt):
     code = jnp.where(absmax > 0, jnp.clip(exp - 1 - 2 + 127, 0, 254), 0)
     scaled = jnp.ldexp(blocks, 127 - code[:, None, :]).reshape(k, n)
     codes = _e2m1_codes(scaled)
-    packed = (codes[: k // 2] | (codes[k // 2 :] << 4)).T  # [N, K/2]
-    return packed.astype(jnp.uint8), code.astype(jnp.uint8)
+    packed = mxfp4_pack(codes[: k // 2].T, codes[k // 2 :].T)  # [N, K/2]
+    return packed, code.astype(jnp.uint8)
 
 
 def quantize_experts(params: Mapping, fmt: str) -> dict:

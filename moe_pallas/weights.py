@@ -126,7 +126,8 @@ def _mxfp4_stored(blocks, scales):
     integer ops only, the codes unchanged."""
     codes = jnp.stack([blocks & 0xF, blocks >> 4], axis=-1).reshape(*blocks.shape[:2], -1)
     half = codes.shape[2] // 2  # codes [E, N, K]
-    return codes[:, :, :half] | (codes[:, :, half:] << 4), jnp.swapaxes(scales, 1, 2)
+    values = quant.mxfp4_pack(codes[:, :, :half], codes[:, :, half:])
+    return values, jnp.swapaxes(scales, 1, 2)
 
 
 def _stored_mxfp4(tensors, prefix, name, shape, dtype) -> quant.QuantizedWeight:

@@ -35,6 +35,20 @@ def e2m1_oracle(codes):
     return sign * np.where(e == 0, 0.5 * m, (1 + 0.5 * m) * 2.0 ** (e - 1.0))
 
 
+def stored_codes(values):
+    """mxfp4's stored bytes [..., K/2] -> e2m1 codes [..., K] (low half, then high), read with
+    numpy from the layout table `quant.MX_WORD_BITS` (little-endian 32-bit words)."""
+    words = np.ascontiguousarray(values).view("<u4").astype(np.int64)
+    halves = []
+    for places_of in quant.MX_WORD_BITS:
+        slots = [
+            sum(((words >> p) & 1) << b for b, p in zip((3, 2, 1, 0), places))
+            for places in places_of
+        ]
+        halves.append(np.stack(slots, axis=-1).reshape(*values.shape))
+    return np.concatenate(halves, axis=-1)
+
+
 def test_formats_decode_and_quantise():
     rng = np.random.default_rng()
     w = jnp.asarray(rng.standard_normal((2, 192, 160)) * 3, jnp.bfloat16)
@@ -45,8 +59,7 @@ def test_formats_decode_and_quantise():
         dense = np.asarray(qw.dequantize(jnp.float32), np.float64)
         if fmt == "mxfp4":
             assert qw.values.shape == (2, 160, 96)  # N-major, K/2 bytes
-            v = np.swapaxes(np.asarray(qw.values).astype(np.int64), 1, 2)
-            codes = np.concatenate([v & 15, v >> 4], axis=1)
+            codes = np.swapaxes(stored_codes(np.asarray(qw.values)), 1, 2)
             scales = np.repeat(np.asarray(qw.scales).astype(np.int64) - 127, 32, axis=1)
             want = e2m1_oracle(codes) * 2.0**scales
             # OCP rule: each 32-block's absmax scaled into [4, 8), so no code past 6 is lost.
@@ -347,6 +360,10 @@ def _run_ptx(asm: str, word: int) -> list[int]:
             )
         elif op == "shl.b32":
             regs[d] = (val(src[0]) << val(src[1])) & 0xFFFFFFFF
+        elif op == "shr.b32":
+            regs[d] = val(src[0]) >> val(src[1])
+        elif op == "or.b32":
+            regs[d] = val(src[0]) | val(src[1])
         elif op == "and.b32":
             regs[d] = val(src[0]) & val(src[1])
         elif op == "lop3.b32":  # bitwise LUT over (a, b, c): bit = lut[a<<2 | b<<1 | c]
@@ -385,6 +402,27 @@ def test_e2m1_ptx_decodes_every_byte(nibble):
     got = got.view(jnp.bfloat16).astype(np.float64)
     codes = byte_values >> 4 if nibble == "high" else byte_values & 0xF
     np.testing.assert_array_equal(got, e2m1_oracle(codes))
+
+
+@pytest.mark.parametrize("half", ["low", "high"])
+def test_e2m1_word_ptx_decodes_packed_codes(half):
+    """The word layout's PTX (emulated instruction by instruction) on words packed by
+    `quant.mxfp4_pack`: each of the 4 values of a half is its code's e2m1 value in bf16, for every
+    code at every position (and random words), bit for bit as the interpret-mode decode."""
+    rng = np.random.default_rng()
+    every = np.repeat(np.arange(16), 4)[None, :] * np.ones((8, 1), np.int64)  # code c at slot i
+    lo = np.concatenate([every.reshape(-1, 4), rng.integers(0, 16, (512, 4))]).reshape(-1)
+    hi = np.concatenate([np.roll(every, 1, 0).reshape(-1, 4), rng.integers(0, 16, (512, 4))])
+    hi = hi.reshape(-1)
+    packed = np.asarray(quant.mxfp4_pack(jnp.asarray(lo), jnp.asarray(hi)))
+    np.testing.assert_array_equal(np.asarray(quant.mxfp4_unpack(jnp.asarray(packed))[0]), lo)
+    np.testing.assert_array_equal(np.asarray(quant.mxfp4_unpack(jnp.asarray(packed))[1]), hi)
+    got = _decode_bytes(gmm_quant_module.E2M1_WORD_PTX[half], packed)
+    codes = lo if half == "low" else hi
+    np.testing.assert_array_equal(got.view(jnp.bfloat16).astype(np.float64), e2m1_oracle(codes))
+    np.testing.assert_array_equal(np.signbit(got.view(jnp.bfloat16)), codes >= 8)
+    interpreted = gmm_quant_module._e2m1(jnp.asarray(packed, jnp.uint8)[None], half)[0]
+    np.testing.assert_array_equal(np.asarray(interpreted).view(np.uint16), got)
 
 
 def test_e8m0_scales_decode_every_code():

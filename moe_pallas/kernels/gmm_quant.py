@@ -51,7 +51,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from moe_pallas import dispatch
+from moe_pallas import dispatch, quant
 from moe_pallas.activations import glu
 from moe_pallas.kernels import _common
 from moe_pallas.kernels.config import BlockConfig
@@ -119,12 +119,44 @@ mul.rn.bf16x2 ${out}, a, c;
 
 E2M1_PTX = {"low": _e2m1_ptx(False), "high": _e2m1_ptx(True)}
 
+# The word layout (`quant.MX_WORD_BITS`): each pair of codes is one shift and one and away from
+# bf16x2's bits 15, 8, 7, 6 (+16), but H2 H3, whose bits are spread over the word's remainder.
+_P = "0x81C081C0"
+E2M1_WORD_PTX = {
+    "low": f"""{{
+.reg .b32 t, c;
+mov.b32 c, 0x7E807E80;
+and.b32 t, $2, {_P};
+mul.rn.bf16x2 $0, t, c;
+shl.b32 t, $2, 3;
+and.b32 t, t, {_P};
+mul.rn.bf16x2 $1, t, c;
+}}""",
+    "high": f"""{{
+.reg .b32 t, a, b, c;
+mov.b32 c, 0x7E807E80;
+shl.b32 t, $2, 6;
+and.b32 t, t, {_P};
+mul.rn.bf16x2 $0, t, c;
+shr.b32 a, $2, 4;
+and.b32 a, a, 0x00C000C0;
+shr.b32 b, $2, 5;
+and.b32 b, b, 0x01000100;
+or.b32 a, a, b;
+shl.b32 b, $2, 1;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+mul.rn.bf16x2 $1, a, c;
+}}""",
+}
+MX_PREFETCH = True  # probe: the next step's scales loaded a step ahead
+
 
 def _e2m1(q, nibble: str):
     """uint8 [r, n] -> the e2m1 values of its low or high nibbles as bf16 [r, n] (exact)."""
     if not _common.interpret_mode():
         [w] = plgpu.elementwise_inline_asm(
-            E2M1_PTX[nibble],
+            (E2M1_WORD_PTX if quant.MX_WORDS else E2M1_PTX)[nibble],
             args=[q],
             constraints="=r,=r,r",
             pack=4,
@@ -133,8 +165,7 @@ def _e2m1(q, nibble: str):
         return w
     # The same bits without the subnormal (XLA on CPU flushes it): magnitude codes m >= 2 are
     # 0x3F00 + (m << 6) (1.0 is 0x3F80), m = 1 is 0.5 (0x3F00), m = 0 is 0.
-    codes = q.astype(jnp.int32)
-    codes = codes >> 4 if nibble == "high" else codes & 0xF
+    codes = quant.mxfp4_unpack(q)[nibble == "high"]
     m = codes & 7
     mag = jnp.where(m >= 2, 0x3F00 + (m << 6), jnp.where(m == 1, 0x3F00, 0))
     bits = (mag | ((codes & 8) << 12)).astype(jnp.uint16)
@@ -240,27 +271,41 @@ def _kernel(
                 return _load(lhs_ref.at[src[:, None], ks[None, :]], a_mask).astype(compute_dtype)
             return _load(lhs_ref.at[pl.ds(m0, h), pl.ds(k0, depth)], a_mask).astype(compute_dtype)
 
-        def mx_step(r0, s_row, accs):
+        sub_blocks = k_dim // (2 * MX_BLOCK)
+
+        def mx_scales(s_row):
+            """Per column block, the scales of sub-block s_row's low and high halves."""
+            return [
+                tuple(
+                    _e8m0(_load(scales_ref.at[g, row, pl.ds(c0, width)], col_mask(width, valid)))
+                    for row in (s_row, sub_blocks + s_row)
+                )
+                for c0, width, valid in blocks
+            ]
+
+        def mx_step(r0, s_row, accs, scales=None):
             """One sub-block of 32 bytes of K: k = r0.. (low nibbles) and K/2 + r0.. (high)."""
             a_lo, a_hi = lhs_tile(r0, MX_BLOCK, None), lhs_tile(k_dim // 2 + r0, MX_BLOCK, None)
+            scales = mx_scales(s_row) if scales is None else scales
             new = list(accs)
             for c, (c0, width, valid) in enumerate(blocks):
                 q = load_values(c0, width, valid, r0, MX_BLOCK)
-                cols, mask = pl.ds(c0, width), col_mask(width, valid)
-                s_lo, s_hi = (
-                    _e8m0(_load(scales_ref.at[g, row, cols], mask))
-                    for row in (s_row, k_dim // (2 * MX_BLOCK) + s_row)
-                )
+                s_lo, s_hi = scales[c]
                 w_lo, w_hi = (_e2m1(q, n).astype(compute_dtype) for n in ("low", "high"))
                 lo = plgpu.dot(a_lo, w_lo, trans_b=True)
                 hi = plgpu.dot(a_hi, w_hi, trans_b=True)
                 new[c] = new[c] + lo * s_lo[None, :] + hi * s_hi[None, :]
             return tuple(new)
 
-        def mx_body(i, accs):
+        def mx_body(i, carry):
+            accs, ahead = carry
+            nxt = []
             for u in range(unroll):
-                accs = mx_step((i * unroll + u) * MX_BLOCK, i * unroll + u, accs)
-            return accs
+                j = i * unroll + u
+                if MX_PREFETCH:  # the next step's (the last step reloads its own: in range)
+                    nxt.append(mx_scales(jnp.minimum(j + unroll, sub_blocks - 1)))
+                accs = mx_step(j * MX_BLOCK, j, accs, ahead[u] if MX_PREFETCH else None)
+            return accs, tuple(nxt)
 
         def fp8_body(i, accs):
             """acc += x[:, k0:k0+bk] @ the weight tile: the N-major tile [width, bk] decoded and
@@ -289,8 +334,9 @@ def _kernel(
 
         accs = tuple(jnp.zeros((h, width), jnp.float32) for _, width, _ in blocks)
         if fmt == "mxfp4":
-            sub_blocks = k_dim // (2 * MX_BLOCK)
-            accs = jax.lax.fori_loop(0, sub_blocks // unroll, mx_body, accs)
+            first = (mx_scales(jnp.int32(min(u, sub_blocks - 1))) for u in range(unroll))
+            ahead = tuple(first) if MX_PREFETCH else ()
+            accs, _ = jax.lax.fori_loop(0, sub_blocks // unroll, mx_body, (accs, ahead))
             accs = jax.lax.fori_loop(
                 sub_blocks - sub_blocks % unroll,
                 sub_blocks,
