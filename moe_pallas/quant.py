@@ -21,10 +21,13 @@ params of `moe_experts`, `ragged_dot` and the `MoE` layer's forward. Its logical
     (N-major, as fp8's), two e2m1 codes per byte, scales uint8 [E, K/32, N] (e8m0:
     2^(code − 127), one per 32 values of K):
         w[e, k, n] = e2m1(code[e, n, k]) · 2^(scales[e, k // 32, n] − 127)
-    Byte (n, r) holds k = r in its low nibble and k = r + K/2 in its high nibble, so a kernel
-    tile of bytes is two plain dots against two column slices of x, no interleave; K must be a
-    multiple of 64. e2m1 code bits: sign 3, exponent 2-1 (bias 1, 0 subnormal), mantissa 0:
-    codes 0-7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+    Bytes (n, r..r+3), r a multiple of 4, read as a little-endian 32-bit word, hold the 8 codes
+    of k = r..r+3 (the low half) and k = K/2 + r..r+3 (the high half) at the bits
+    `MX_WORD_BITS` names (`mxfp4_pack`, `mxfp4_unpack`): a kernel tile of bytes is two plain
+    dots against two column slices of x, and the bits are placed so that the kernel's decode
+    takes 15 instructions per word (`kernels.gmm_quant`). K must be a multiple of 64. e2m1 code
+    bits: sign 3, exponent 2-1 (bias 1, 0 subnormal), mantissa 0: codes 0-7 are 0, 0.5, 1,
+    1.5, 2, 3, 4, 6.
 
 `dtype` is the weight's logical dtype (what `dequantize_experts` returns and what it must match
 in `moe_experts`, x's dtype); `astype` changes only it. The stored values never become a bf16
@@ -119,8 +122,6 @@ def _expand_blocks(scales, k, n):
     return s[:, :k, :n]
 
 
-# Probe: mxfp4 bytes as 32-bit words of 8 codes at `MX_WORD_BITS` (True) or a code a nibble.
-MX_WORDS = True
 # Where a word of 4 stored bytes (little-endian: byte i is bits 8i..8i+7) keeps the (sign,
 # exponent 1, exponent 0, mantissa) bits of its 8 codes: the low half's codes L0..L3 (k = r..r+3)
 # and the high half's H0..H3 (k = K/2 + r..). Chosen so that the kernel's decode places each
@@ -134,8 +135,6 @@ MX_WORD_BITS = (
 
 def mxfp4_pack(lo, hi):
     """int codes [..., K/2] of the low (k < K/2) and high halves -> the stored uint8 [..., K/2]."""
-    if not MX_WORDS:
-        return (lo | (hi << 4)).astype(jnp.uint8)
     shape = lo.shape
     word = jnp.zeros((*shape[:-1], shape[-1] // 4), jnp.uint32)
     for half, codes in enumerate((lo, hi)):
@@ -150,8 +149,6 @@ def mxfp4_pack(lo, hi):
 def mxfp4_unpack(values):
     """The stored uint8 [..., K/2] -> int32 codes (low half, high half), each [..., K/2]."""
     v = values.astype(jnp.int32)
-    if not MX_WORDS:
-        return v & 0xF, v >> 4
     shape = v.shape
     b = v.reshape(*shape[:-1], -1, 4)
     word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)

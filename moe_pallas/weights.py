@@ -122,7 +122,7 @@ def _dequantize_mxfp4(
 @jax.jit
 def _mxfp4_stored(blocks, scales):
     """gpt-oss's blocks [E, N, K/32, 16] / scales [E, N, K/32] -> `quant`'s "mxfp4" values
-    [E, N, K/2] (byte (n, r): k = r low nibble, k = r + K/2 high) and scales [E, K/32, N]:
+    [E, N, K/2] (`quant.mxfp4_pack`'s words of k = r.. and K/2 + r..) and scales [E, K/32, N]:
     integer ops only, the codes unchanged."""
     codes = jnp.stack([blocks & 0xF, blocks >> 4], axis=-1).reshape(*blocks.shape[:2], -1)
     half = codes.shape[2] // 2  # codes [E, N, K]
@@ -136,7 +136,7 @@ def _stored_mxfp4(tensors, prefix, name, shape, dtype) -> quant.QuantizedWeight:
     if k % 64:
         raise ValueError(
             f"{name}: its input dimension {k} is not a multiple of 64, which the stored MXFP4 "
-            "layout needs (quant's two nibble halves); pass dequantize=True."
+            "layout needs (quant's two halves of K); pass dequantize=True."
         )
     for part, array, want in (
         ("blocks", blocks, (experts, n, k // 32, 16)),

@@ -393,22 +393,12 @@ def _decode_bytes(asm: str, byte_values) -> np.ndarray:
     return np.array(got, np.uint16)
 
 
-@pytest.mark.parametrize("nibble", ["low", "high"])
-def test_e2m1_ptx_decodes_every_byte(nibble):
-    """The GPU's inline PTX decode (text as compiled, emulated instruction by instruction): every
-    byte's nibble becomes its e2m1 value in bf16, in element order, for all 256 bytes."""
-    byte_values = np.arange(256, dtype=np.int64)
-    got = _decode_bytes(gmm_quant_module.E2M1_PTX[nibble], byte_values)
-    got = got.view(jnp.bfloat16).astype(np.float64)
-    codes = byte_values >> 4 if nibble == "high" else byte_values & 0xF
-    np.testing.assert_array_equal(got, e2m1_oracle(codes))
-
-
 @pytest.mark.parametrize("half", ["low", "high"])
-def test_e2m1_word_ptx_decodes_packed_codes(half):
-    """The word layout's PTX (emulated instruction by instruction) on words packed by
-    `quant.mxfp4_pack`: each of the 4 values of a half is its code's e2m1 value in bf16, for every
-    code at every position (and random words), bit for bit as the interpret-mode decode."""
+def test_e2m1_ptx_decodes_packed_codes(half):
+    """The GPU's inline PTX decode (text as compiled, emulated instruction by instruction) on words
+    packed by `quant.mxfp4_pack`: each of the 4 values of a half is its code's e2m1 value in bf16,
+    for every code at every position (and random words), bit for bit as the interpret-mode
+    decode; unpack inverts pack."""
     rng = np.random.default_rng()
     every = np.repeat(np.arange(16), 4)[None, :] * np.ones((8, 1), np.int64)  # code c at slot i
     lo = np.concatenate([every.reshape(-1, 4), rng.integers(0, 16, (512, 4))]).reshape(-1)
@@ -417,7 +407,7 @@ def test_e2m1_word_ptx_decodes_packed_codes(half):
     packed = np.asarray(quant.mxfp4_pack(jnp.asarray(lo), jnp.asarray(hi)))
     np.testing.assert_array_equal(np.asarray(quant.mxfp4_unpack(jnp.asarray(packed))[0]), lo)
     np.testing.assert_array_equal(np.asarray(quant.mxfp4_unpack(jnp.asarray(packed))[1]), hi)
-    got = _decode_bytes(gmm_quant_module.E2M1_WORD_PTX[half], packed)
+    got = _decode_bytes(gmm_quant_module.E2M1_PTX[half], packed)
     codes = lo if half == "low" else hi
     np.testing.assert_array_equal(got.view(jnp.bfloat16).astype(np.float64), e2m1_oracle(codes))
     np.testing.assert_array_equal(np.signbit(got.view(jnp.bfloat16)), codes >= 8)

@@ -12,8 +12,9 @@ Each format puts its scale where it costs least:
     scales are widened to per-column [E, K/128, N] per call (1/32 of the fp8 bytes), so a tile
     needs no alignment to the 128-column blocks (SwiGLU's up half starts at column I).
   - "mxfp4": a scale per 32 values of K: each sub-block of 32 bytes of K, r0.., holds
-    k = r0..r0+31 (low nibbles) and k = K/2 + r0.. (high nibbles); both decode to bf16 by bit
-    placement (`_e2m1`: inline PTX on the GPU, 3 integer or bf16x2 instructions a value) and the
+    k = r0..r0+31 (the low half's codes) and k = K/2 + r0.. (the high half's), 8 codes to a
+    32-bit word (`quant.MX_WORD_BITS`); both decode to bf16 by bit placement (`_e2m1`: inline
+    PTX on the GPU, 15 integer or bf16x2 instructions per word of 8 values) and the
     two [rows, 32] x [32, n] partial dots are scaled by their power of two per column:
     acc += dot(x[:, k_lo], lo) · 2^(s_lo − 127) + dot(x[:, k_hi], hi) · 2^(s_hi − 127).
     A loop step takes block_k / 64 sub-blocks (more weight bytes in flight per step); K is a
@@ -94,49 +95,31 @@ def _f16_rows(lhs):
     return (x / p[:, None]).astype(jnp.float16), p
 
 
-# e2m1 -> bf16 by bit placement: the code's exponent and mantissa bits (E1 E0 M) go to bf16's
-# lowest two exponent bits and top mantissa bit, the sign to the sign bit, which reads as
+# e2m1 -> bf16 by bit placement: a code's exponent and mantissa bits (E1 E0 M) in bf16's lowest
+# two exponent bits and top mantissa bit (bits 8, 7, 6), its sign in the sign bit (15), read as
 # e2m1(code) · 2^-126 (E = 0, M = 1 is bf16's subnormal 2^-127, i.e. 0.5 · 2^-126); one bf16
-# multiply by 2^126 is then exact. On the GPU one inline PTX block does this for the low or the
-# high nibbles of 4 bytes in 32-bit lanes: 2 byte permutes, then per pair of values 2 shifts, an
-# and, a lop3 and a bf16x2 multiply (3 instructions a value). (One block with both nibbles' two
-# outputs would save the second pair of permutes, but jax 0.11.2's Pallas lowering of
-# elementwise_inline_asm returns a single result.)
-def _e2m1_ptx(high: bool) -> str:
-    shift = 4 if high else 0
-    pair = "".join(
-        f"""prmt.b32 t, $2, z, {selector};
-shl.b32 a, t, {6 - shift};
-and.b32 a, a, 0x01C001C0;
-shl.b32 b, t, {12 - shift};
-lop3.b32 a, b, 0x80008000, a, 0xEA;
-mul.rn.bf16x2 ${out}, a, c;
-"""
-        for out, selector in ((0, "0x4140"), (1, "0x4342"))
-    )
-    return "{\n.reg .b32 t, a, b, c, z;\nmov.b32 c, 0x7E807E80;\nmov.b32 z, 0;\n" + pair + "}"
-
-
-E2M1_PTX = {"low": _e2m1_ptx(False), "high": _e2m1_ptx(True)}
-
-# The word layout (`quant.MX_WORD_BITS`): each pair of codes is one shift and one and away from
-# bf16x2's bits 15, 8, 7, 6 (+16), but H2 H3, whose bits are spread over the word's remainder.
-_P = "0x81C081C0"
-E2M1_WORD_PTX = {
+# multiply by 2^126 is then exact. The stored words (`quant.MX_WORD_BITS`) keep three of a word's
+# four pairs of codes one shift and one and away from those bits of a bf16x2 lane: per 4 bytes,
+# the low half's 4 values take an and, a shift, an and and 2 bf16x2 multiplies; the high half's a
+# shift, an and, a multiply, then 7 instructions for H2 H3, whose bits fill the word's remainder
+# (15 a word, 1.9 a value; a code a nibble would need byte permutes, 3 a value). Two PTX blocks,
+# as jax 0.11.2's Pallas lowering of elementwise_inline_asm returns a single result.
+_PAIR_BITS = "0x81C081C0"  # bits 15, 8, 7, 6 of both bf16 halves
+E2M1_PTX = {
     "low": f"""{{
 .reg .b32 t, c;
 mov.b32 c, 0x7E807E80;
-and.b32 t, $2, {_P};
+and.b32 t, $2, {_PAIR_BITS};
 mul.rn.bf16x2 $0, t, c;
 shl.b32 t, $2, 3;
-and.b32 t, t, {_P};
+and.b32 t, t, {_PAIR_BITS};
 mul.rn.bf16x2 $1, t, c;
 }}""",
     "high": f"""{{
 .reg .b32 t, a, b, c;
 mov.b32 c, 0x7E807E80;
 shl.b32 t, $2, 6;
-and.b32 t, t, {_P};
+and.b32 t, t, {_PAIR_BITS};
 mul.rn.bf16x2 $0, t, c;
 shr.b32 a, $2, 4;
 and.b32 a, a, 0x00C000C0;
@@ -149,14 +132,14 @@ or.b32 a, a, b;
 mul.rn.bf16x2 $1, a, c;
 }}""",
 }
-MX_PREFETCH = True  # probe: the next step's scales loaded a step ahead
 
 
-def _e2m1(q, nibble: str):
-    """uint8 [r, n] -> the e2m1 values of its low or high nibbles as bf16 [r, n] (exact)."""
+def _e2m1(q, half: str):
+    """Stored uint8 [r, n] (n a multiple of 4: whole words) -> the e2m1 values of its low or high
+    half's codes (`quant.mxfp4_unpack`) as bf16 [r, n] (exact)."""
     if not _common.interpret_mode():
         [w] = plgpu.elementwise_inline_asm(
-            (E2M1_WORD_PTX if quant.MX_WORDS else E2M1_PTX)[nibble],
+            E2M1_PTX[half],
             args=[q],
             constraints="=r,=r,r",
             pack=4,
@@ -165,7 +148,7 @@ def _e2m1(q, nibble: str):
         return w
     # The same bits without the subnormal (XLA on CPU flushes it): magnitude codes m >= 2 are
     # 0x3F00 + (m << 6) (1.0 is 0x3F80), m = 1 is 0.5 (0x3F00), m = 0 is 0.
-    codes = quant.mxfp4_unpack(q)[nibble == "high"]
+    codes = quant.mxfp4_unpack(q)[half == "high"]
     m = codes & 7
     mag = jnp.where(m >= 2, 0x3F00 + (m << 6), jnp.where(m == 1, 0x3F00, 0))
     bits = (mag | ((codes & 8) << 12)).astype(jnp.uint16)
@@ -283,28 +266,34 @@ def _kernel(
                 for c0, width, valid in blocks
             ]
 
-        def mx_step(r0, s_row, accs, scales=None):
-            """One sub-block of 32 bytes of K: k = r0.. (low nibbles) and K/2 + r0.. (high)."""
+        def mx_step(r0, accs, scales):
+            """One sub-block of 32 bytes of K: k = r0.. (the low half's codes) and K/2 + r0.. (the
+            high half's), with its scales."""
             a_lo, a_hi = lhs_tile(r0, MX_BLOCK, None), lhs_tile(k_dim // 2 + r0, MX_BLOCK, None)
-            scales = mx_scales(s_row) if scales is None else scales
             new = list(accs)
             for c, (c0, width, valid) in enumerate(blocks):
                 q = load_values(c0, width, valid, r0, MX_BLOCK)
                 s_lo, s_hi = scales[c]
-                w_lo, w_hi = (_e2m1(q, n).astype(compute_dtype) for n in ("low", "high"))
+                w_lo, w_hi = (_e2m1(q, half).astype(compute_dtype) for half in ("low", "high"))
                 lo = plgpu.dot(a_lo, w_lo, trans_b=True)
                 hi = plgpu.dot(a_hi, w_hi, trans_b=True)
                 new[c] = new[c] + lo * s_lo[None, :] + hi * s_hi[None, :]
             return tuple(new)
 
+        # The e8m0 scales are plain loads (a few bytes a thread, below what cp.async moves), so
+        # the 16- and 32-row tiles, whose dots are too short to cover a load's latency, load them
+        # a loop step ahead (the last step reloads its own, to stay in range); taller tiles load
+        # them in their step.
+        ahead = h <= 32
+
         def mx_body(i, carry):
-            accs, ahead = carry
+            accs, scales = carry
             nxt = []
             for u in range(unroll):
                 j = i * unroll + u
-                if MX_PREFETCH:  # the next step's (the last step reloads its own: in range)
+                if ahead:
                     nxt.append(mx_scales(jnp.minimum(j + unroll, sub_blocks - 1)))
-                accs = mx_step(j * MX_BLOCK, j, accs, ahead[u] if MX_PREFETCH else None)
+                accs = mx_step(j * MX_BLOCK, accs, scales[u] if ahead else mx_scales(j))
             return accs, tuple(nxt)
 
         def fp8_body(i, accs):
@@ -335,12 +324,12 @@ def _kernel(
         accs = tuple(jnp.zeros((h, width), jnp.float32) for _, width, _ in blocks)
         if fmt == "mxfp4":
             first = (mx_scales(jnp.int32(min(u, sub_blocks - 1))) for u in range(unroll))
-            ahead = tuple(first) if MX_PREFETCH else ()
-            accs, _ = jax.lax.fori_loop(0, sub_blocks // unroll, mx_body, (accs, ahead))
+            carry = (accs, tuple(first) if ahead else ())
+            accs, _ = jax.lax.fori_loop(0, sub_blocks // unroll, mx_body, carry)
             accs = jax.lax.fori_loop(
                 sub_blocks - sub_blocks % unroll,
                 sub_blocks,
-                lambda j, accs: mx_step(j * MX_BLOCK, j, accs),
+                lambda j, accs: mx_step(j * MX_BLOCK, accs, mx_scales(j)),
                 accs,
             )
         else:
