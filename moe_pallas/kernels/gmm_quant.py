@@ -104,7 +104,6 @@ def _f16_rows(lhs):
 # shift, an and, a multiply, then 7 instructions for H2 H3, whose bits fill the word's remainder
 # (15 a word, 1.9 a value; a code a nibble would need byte permutes, 3 a value). Two PTX blocks,
 # as jax 0.11.2's Pallas lowering of elementwise_inline_asm returns a single result.
-FP8B_AHEAD = True  # probe: fp8_block's scales a step ahead on 16- and 32-row tiles
 _PAIR_BITS = "0x81C081C0"  # bits 15, 8, 7, 6 of both bf16 halves
 E2M1_PTX = {
     "low": f"""{{
@@ -297,30 +296,14 @@ def _kernel(
                 accs = mx_step(j * MX_BLOCK, accs, scales[u] if ahead else mx_scales(j))
             return accs, tuple(nxt)
 
-        def fp8_block_scales(k0):
-            return [
-                _load(scales_ref.at[g, k0 // FP8_BLOCK, pl.ds(c0, width)], col_mask(width, valid))
-                for c0, width, valid in blocks
-            ]
-
-        b_ahead = fmt == "fp8_block" and FP8B_AHEAD and h <= 32
-
-        def fp8_body(i, carry):
+        def fp8_body(i, accs):
             """acc += x[:, k0:k0+bk] @ the weight tile: the N-major tile [width, bk] decoded and
             fed to the dot transposed; in the paired view its [width, bk/2] byte pairs are split
             into bytes and interleaved back into K order in registers."""
-            accs, ahead_scales = carry
             k0 = i * bk
             ks = k0 + jnp.arange(bk, dtype=jnp.int32)
             k_mask = ks < k_dim if k_dim % bk else None
             a = lhs_tile(k0, bk, k_mask)
-            if fmt == "fp8_block":
-                if b_ahead:
-                    step_scales = ahead_scales
-                    last = (pl.cdiv(k_dim, bk) - 1) * bk
-                    ahead_scales = fp8_block_scales(jnp.minimum(k0 + bk, last))
-                else:
-                    step_scales = fp8_block_scales(k0)
             new = list(accs)
             for c, (c0, width, valid) in enumerate(blocks):
                 if paired:  # K is even: a pair is in range iff its first byte is
@@ -333,9 +316,10 @@ def _kernel(
                     q = load_values(c0, width, valid, k0, bk, k_mask)
                 d = plgpu.dot(a, _e4m3_f16(q).astype(compute_dtype), trans_b=True)
                 if fmt == "fp8_block":
-                    d = d * step_scales[c][None, :]
+                    block_scales = scales_ref.at[g, k0 // FP8_BLOCK, pl.ds(c0, width)]
+                    d = d * _load(block_scales, col_mask(width, valid))[None, :]
                 new[c] = new[c] + d
-            return tuple(new), ahead_scales
+            return tuple(new)
 
         accs = tuple(jnp.zeros((h, width), jnp.float32) for _, width, _ in blocks)
         if fmt == "mxfp4":
@@ -349,8 +333,7 @@ def _kernel(
                 accs,
             )
         else:
-            carry = (accs, fp8_block_scales(jnp.int32(0)) if b_ahead else [])
-            accs, _ = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), fp8_body, carry)
+            accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), fp8_body, accs)
 
         if f16_rows:  # lhs = lhs16 · p per lhs row (`_f16_rows`), exact in float32
             p_rows = _load(
