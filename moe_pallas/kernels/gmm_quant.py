@@ -40,11 +40,8 @@ placement (`_e2m1`) on the integer and bf16x2 pipes (sm_90 has no e2m1 conversio
 Offsets. Pallas addresses an array in int32 element offsets unless it spans more than 2^32
 bytes, so a byte array of more than 2^31 elements, up to 2^32 (fp8 SwiGLU-256 gate_up,
 [256, 4096, 4096]), would overflow them. Such fp8 values are read as uint16 [E, N, K/2] byte
-pairs along K (half the elements, the same bytes): a pair tile's low bytes are even K, its high
-bytes odd K, so each step is two half-depth dots, x's even columns against the low bytes and its
-odd ones against the high, with x's columns reordered once per call (even, then odd) so that
-both x tiles are contiguous loads; splitting a pair is a mask and a shift, where interleaving the
-bytes back into K order cost a shuffle of the tile. K must be even there.
+pairs along K (half the elements, the same bytes): a pair tile splits into its two bytes in
+registers, interleaved back into K order, so the dot is the unpaired one. K must be even there.
 """
 
 import dataclasses
@@ -301,32 +298,23 @@ def _kernel(
 
         def fp8_body(i, accs):
             """acc += x[:, k0:k0+bk] @ the weight tile: the N-major tile [width, bk] decoded and
-            fed to the dot transposed; in the paired view the tile's [width, bk/2] byte pairs
-            are its even-K bytes (low) and odd-K bytes (high), two half-depth dots against x's
-            even and odd columns, which the wrapper put in x's two halves."""
+            fed to the dot transposed; in the paired view its [width, bk/2] byte pairs are split
+            into bytes and interleaved back into K order in registers."""
             k0 = i * bk
-            if paired:  # K is even: pair j holds k = 2j, 2j + 1
-                pair_ks = k0 // 2 + jnp.arange(bk // 2, dtype=jnp.int32)
-                pair_mask = None if k_dim % bk == 0 else pair_ks < k_dim // 2
-                a_even = lhs_tile(k0 // 2, bk // 2, pair_mask)
-                a_odd = lhs_tile(k_dim // 2 + k0 // 2, bk // 2, pair_mask)
-            else:
-                ks = k0 + jnp.arange(bk, dtype=jnp.int32)
-                k_mask = ks < k_dim if k_dim % bk else None
-                a = lhs_tile(k0, bk, k_mask)
+            ks = k0 + jnp.arange(bk, dtype=jnp.int32)
+            k_mask = ks < k_dim if k_dim % bk else None
+            a = lhs_tile(k0, bk, k_mask)
             new = list(accs)
             for c, (c0, width, valid) in enumerate(blocks):
-                if paired:
+                if paired:  # K is even: a pair is in range iff its first byte is
+                    pair_ks = k0 + 2 * jnp.arange(bk // 2, dtype=jnp.int32)
+                    pair_mask = None if k_mask is None else pair_ks < k_dim
                     pairs = load_values(c0, width, valid, k0 // 2, bk // 2, pair_mask)
-                    w_even, w_odd = (
-                        _e4m3_f16(b.astype(jnp.uint8)).astype(compute_dtype)
-                        for b in (pairs & 0xFF, pairs >> 8)
-                    )
-                    d = plgpu.dot(a_even, w_even, trans_b=True)
-                    d = d + plgpu.dot(a_odd, w_odd, trans_b=True)
+                    q = jnp.stack([pairs & 0xFF, pairs >> 8], axis=-1).reshape(width, bk)
+                    q = q.astype(jnp.uint8)
                 else:
                     q = load_values(c0, width, valid, k0, bk, k_mask)
-                    d = plgpu.dot(a, _e4m3_f16(q).astype(compute_dtype), trans_b=True)
+                d = plgpu.dot(a, _e4m3_f16(q).astype(compute_dtype), trans_b=True)
                 if fmt == "fp8_block":
                     block_scales = scales_ref.at[g, k0 // FP8_BLOCK, pl.ds(c0, width)]
                     d = d * _load(block_scales, col_mask(width, valid))[None, :]
@@ -459,8 +447,6 @@ def gmm_quant(
     f16_rows = fmt != "mxfp4" and lhs.dtype == jnp.bfloat16  # (Math: fp8 in float16)
     if f16_rows:
         lhs, lhs_scale = _f16_rows(lhs)
-    if paired:  # x's even columns, then its odd ones (module docstring, Offsets)
-        lhs = jnp.concatenate([lhs[:, 0::2], lhs[:, 1::2]], axis=1)
     operands += [lhs, values, scales, *([lhs_scale] if f16_rows else [])]
     if bias is not None:
         operands.append(bias)
