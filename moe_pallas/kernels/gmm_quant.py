@@ -9,8 +9,10 @@ Each format puts its scale where it costs least:
     multiplied once after the K loop: acc[m, n] · s[n], not each weight element.
   - "fp8_block": the scale is constant over each 128-row K block; block_k divides 128, so each
     K step's partial dot is scaled: acc += dot(x, q) · s[k0 // 128, n]. [E, K/128, N/128]
-    scales are widened to per-column [E, K/128, N] per call (1/32 of the fp8 bytes), so a tile
-    needs no alignment to the 128-column blocks (SwiGLU's up half starts at column I).
+    scales are read in place, column n's from block n // 128 (a gather of a few words a step),
+    so a tile needs no alignment to the 128-column blocks (SwiGLU's up half starts at column I)
+    and no per-call widening to [E, K/128, N] (1/32 of the fp8 bytes, written each call);
+    [E, K/128, N] per-column scales (the loader's form) are read as they are.
   - "mxfp4": a scale per 32 values of K: each sub-block of 32 bytes of K, r0.., holds
     k = r0..r0+31 (the low half's codes) and k = K/2 + r0.. (the high half's), 8 codes to a
     32-bit word (`quant.MX_WORD_BITS`); both decode to bf16 by bit placement (`_e2m1`: inline
@@ -181,6 +183,7 @@ def _kernel(
     compute_dtype,
     paired: bool,
     f16_rows: bool,
+    block_cols: bool,
 ):
     it = iter(refs)
     group_ref, m_start_ref, row_end_ref = (next(it) for _ in range(3))
@@ -316,7 +319,10 @@ def _kernel(
                     q = load_values(c0, width, valid, k0, bk, k_mask)
                 d = plgpu.dot(a, _e4m3_f16(q).astype(compute_dtype), trans_b=True)
                 if fmt == "fp8_block":
-                    block_scales = scales_ref.at[g, k0 // FP8_BLOCK, pl.ds(c0, width)]
+                    col_scales = pl.ds(c0, width)
+                    if block_cols:  # column n's scale is its block's, n // 128, read in place
+                        col_scales = (c0 + jnp.arange(width, dtype=jnp.int32)) // FP8_BLOCK
+                    block_scales = scales_ref.at[g, k0 // FP8_BLOCK, col_scales]
                     d = d * _load(block_scales, col_mask(width, valid))[None, :]
                 new[c] = new[c] + d
             return tuple(new)
@@ -435,8 +441,7 @@ def gmm_quant(
             )
         e, n, k = values.shape
         values = jax.lax.bitcast_convert_type(values.reshape(e, n, k // 2, 2), jnp.uint16)
-    if fmt == "fp8_block" and scales.shape[2] != n_dim:  # per column (module docstring)
-        scales = jnp.repeat(scales.astype(jnp.float32), FP8_BLOCK, axis=2)[:, :, :n_dim]
+    block_cols = fmt == "fp8_block" and scales.shape[2] != n_dim  # (Math: fp8_block)
     sched = dispatch.tile_schedule(
         _common.clamp_group_ends(group_sizes, num_rows), num_rows, cfg.block_m
     )
@@ -467,6 +472,7 @@ def gmm_quant(
         compute_dtype=lhs.dtype,
         paired=paired,
         f16_rows=f16_rows,
+        block_cols=block_cols,
     )
     return pl.pallas_call(
         kernel,
