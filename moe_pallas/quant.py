@@ -23,11 +23,11 @@ params of `moe_experts`, `ragged_dot` and the `MoE` layer's forward. Its logical
         w[e, k, n] = e2m1(code[e, n, k]) · 2^(scales[e, k // 32, n] − 127)
     Bytes (n, r..r+3), r a multiple of 4, read as a little-endian 32-bit word, hold the 8 codes
     of k = r..r+3 (the low half) and k = K/2 + r..r+3 (the high half) at the bits
-    `MX_WORD_BITS` names (`mxfp4_pack`, `mxfp4_unpack`): a kernel tile of bytes is two plain
-    dots against two column slices of x, and the bits are placed so that the kernel's decode
-    takes 15 instructions per word (`kernels.gmm_quant`). K must be a multiple of 64. e2m1 code
-    bits: sign 3, exponent 2-1 (bias 1, 0 subnormal), mantissa 0: codes 0-7 are 0, 0.5, 1,
-    1.5, 2, 3, 4, 6.
+    `kernels.mx_words.MX_WORD_BITS` names (`mxfp4_pack`, `mxfp4_unpack`): a kernel tile of bytes
+    is two plain dots against two column slices of x, and the bits are placed so that the
+    kernel's decode takes 15 instructions per word (`kernels.gmm_quant`). K must be a multiple
+    of 64. e2m1 code bits: sign 3, exponent 2-1 (bias 1, 0 subnormal), mantissa 0: codes 0-7
+    are 0, 0.5, 1, 1.5, 2, 3, 4, 6.
 
 `dtype` is the weight's logical dtype (what `dequantize_experts` returns and what it must match
 in `moe_experts`, x's dtype); `astype` changes only it. The stored values never become a bf16
@@ -49,6 +49,8 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from moe_pallas.kernels.mx_words import mxfp4_pack, mxfp4_unpack
 
 FORMATS: tuple[str, ...] = ("fp8", "fp8_block", "mxfp4")
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -120,46 +122,6 @@ def _expand_blocks(scales, k, n):
     if s.shape[2] != n:
         s = jnp.repeat(s, FP8_BLOCK, axis=2)
     return s[:, :k, :n]
-
-
-# Where a word of 4 stored bytes (little-endian: byte i is bits 8i..8i+7) keeps the (sign,
-# exponent 1, exponent 0, mantissa) bits of its 8 codes: the low half's codes L0..L3 (k = r..r+3)
-# and the high half's H0..H3 (k = K/2 + r..). Chosen so that the kernel's decode places each
-# pair of codes into bf16x2 bits 15, 8, 7, 6 (+16) with one shift and one and: L0 L1 unshifted,
-# L2 L3 shifted left 3, H0 H1 left 6, H2 H3 from the 8 bits left over (`kernels.gmm_quant`).
-MX_WORD_BITS = (
-    ((15, 8, 7, 6), (31, 24, 23, 22), (12, 5, 4, 3), (28, 21, 20, 19)),
-    ((9, 2, 1, 0), (25, 18, 17, 16), (14, 13, 11, 10), (30, 29, 27, 26)),
-)
-
-
-def mxfp4_pack(lo, hi):
-    """int codes [..., K/2] of the low (k < K/2) and high halves -> the stored uint8 [..., K/2]."""
-    shape = lo.shape
-    word = jnp.zeros((*shape[:-1], shape[-1] // 4), jnp.uint32)
-    for half, codes in enumerate((lo, hi)):
-        codes = codes.astype(jnp.uint32).reshape(*shape[:-1], -1, 4)
-        for i, places in enumerate(MX_WORD_BITS[half]):
-            for bit, place in zip((3, 2, 1, 0), places):
-                word = word | (((codes[..., i] >> bit) & 1) << place)
-    parts = [(word >> (8 * b)) & 0xFF for b in range(4)]
-    return jnp.stack(parts, axis=-1).reshape(shape).astype(jnp.uint8)
-
-
-def mxfp4_unpack(values):
-    """The stored uint8 [..., K/2] -> int32 codes (low half, high half), each [..., K/2]."""
-    v = values.astype(jnp.int32)
-    shape = v.shape
-    b = v.reshape(*shape[:-1], -1, 4)
-    word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
-    halves = []
-    for places_of in MX_WORD_BITS:
-        codes = [
-            sum(((word >> place) & 1) << bit for bit, place in zip((3, 2, 1, 0), places))
-            for places in places_of
-        ]
-        halves.append(jnp.stack(codes, axis=-1).reshape(shape))
-    return tuple(halves)
 
 
 def mxfp4_codes(values):

@@ -13,6 +13,7 @@ import moe_pallas
 from moe_pallas import quant, tuning
 from moe_pallas.backends import pallas_triton
 from moe_pallas.kernels import gmm_quant as gmm_quant_module
+from moe_pallas.kernels import mx_words
 from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.gmm_quant import gmm_quant
 from moe_pallas.reference import moe_experts_reference
@@ -37,10 +38,10 @@ def e2m1_oracle(codes):
 
 def stored_codes(values):
     """mxfp4's stored bytes [..., K/2] -> e2m1 codes [..., K] (low half, then high), read with
-    numpy from the layout table `quant.MX_WORD_BITS` (little-endian 32-bit words)."""
+    numpy from the layout table `mx_words.MX_WORD_BITS` (little-endian 32-bit words)."""
     words = np.ascontiguousarray(values).view("<u4").astype(np.int64)
     halves = []
-    for places_of in quant.MX_WORD_BITS:
+    for places_of in mx_words.MX_WORD_BITS:
         slots = [
             sum(((words >> p) & 1) << b for b, p in zip((3, 2, 1, 0), places))
             for places in places_of
@@ -396,7 +397,7 @@ def _decode_bytes(asm: str, byte_values) -> np.ndarray:
 @pytest.mark.parametrize("half", ["low", "high"])
 def test_e2m1_ptx_decodes_packed_codes(half):
     """The GPU's inline PTX decode (text as compiled, emulated instruction by instruction) on words
-    packed by `quant.mxfp4_pack`: each of the 4 values of a half is its code's e2m1 value in bf16,
+    packed by `mx_words.mxfp4_pack`: each of the 4 values of a half is its code's e2m1 value in bf16,
     for every code at every position (and random words), bit for bit as the interpret-mode
     decode; unpack inverts pack."""
     rng = np.random.default_rng()
@@ -404,9 +405,9 @@ def test_e2m1_ptx_decodes_packed_codes(half):
     lo = np.concatenate([every.reshape(-1, 4), rng.integers(0, 16, (512, 4))]).reshape(-1)
     hi = np.concatenate([np.roll(every, 1, 0).reshape(-1, 4), rng.integers(0, 16, (512, 4))])
     hi = hi.reshape(-1)
-    packed = np.asarray(quant.mxfp4_pack(jnp.asarray(lo), jnp.asarray(hi)))
-    np.testing.assert_array_equal(np.asarray(quant.mxfp4_unpack(jnp.asarray(packed))[0]), lo)
-    np.testing.assert_array_equal(np.asarray(quant.mxfp4_unpack(jnp.asarray(packed))[1]), hi)
+    packed = np.asarray(mx_words.mxfp4_pack(jnp.asarray(lo), jnp.asarray(hi)))
+    np.testing.assert_array_equal(np.asarray(mx_words.mxfp4_unpack(jnp.asarray(packed))[0]), lo)
+    np.testing.assert_array_equal(np.asarray(mx_words.mxfp4_unpack(jnp.asarray(packed))[1]), hi)
     got = _decode_bytes(gmm_quant_module.E2M1_PTX[half], packed)
     codes = lo if half == "low" else hi
     np.testing.assert_array_equal(got.view(jnp.bfloat16).astype(np.float64), e2m1_oracle(codes))

@@ -15,7 +15,7 @@ Each format puts its scale where it costs least:
     [E, K/128, N] per-column scales (the loader's form) are read as they are.
   - "mxfp4": a scale per 32 values of K: each sub-block of 32 bytes of K, r0.., holds
     k = r0..r0+31 (the low half's codes) and k = K/2 + r0.. (the high half's), 8 codes to a
-    32-bit word (`quant.MX_WORD_BITS`); both decode to bf16 by bit placement (`_e2m1`: inline
+    32-bit word (`mx_words.MX_WORD_BITS`); both decode to bf16 by bit placement (`_e2m1`: inline
     PTX on the GPU, 15 integer or bf16x2 instructions per word of 8 values) and the
     two [rows, 32] x [32, n] partial dots are scaled by their power of two per column:
     acc += dot(x[:, k_lo], lo) · 2^(s_lo − 127) + dot(x[:, k_hi], hi) · 2^(s_hi − 127).
@@ -54,10 +54,11 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from moe_pallas import dispatch, quant
+from moe_pallas import dispatch
 from moe_pallas.activations import glu
 from moe_pallas.kernels import _common
 from moe_pallas.kernels.config import BlockConfig
+from moe_pallas.kernels.mx_words import mxfp4_unpack
 
 FP8_BLOCK = 128
 MX_BLOCK = 32
@@ -100,7 +101,7 @@ def _f16_rows(lhs):
 # e2m1 -> bf16 by bit placement: a code's exponent and mantissa bits (E1 E0 M) in bf16's lowest
 # two exponent bits and top mantissa bit (bits 8, 7, 6), its sign in the sign bit (15), read as
 # e2m1(code) · 2^-126 (E = 0, M = 1 is bf16's subnormal 2^-127, i.e. 0.5 · 2^-126); one bf16
-# multiply by 2^126 is then exact. The stored words (`quant.MX_WORD_BITS`) keep three of a word's
+# multiply by 2^126 is then exact. The stored words (`mx_words.MX_WORD_BITS`) keep three of a word's
 # four pairs of codes one shift and one and away from those bits of a bf16x2 lane: per 4 bytes,
 # the low half's 4 values take an and, a shift, an and and 2 bf16x2 multiplies; the high half's a
 # shift, an and, a multiply, then 7 instructions for H2 H3, whose bits fill the word's remainder
@@ -138,7 +139,7 @@ mul.rn.bf16x2 $1, a, c;
 
 def _e2m1(q, half: str):
     """Stored uint8 [r, n] (n a multiple of 4: whole words) -> the e2m1 values of its low or high
-    half's codes (`quant.mxfp4_unpack`) as bf16 [r, n] (exact)."""
+    half's codes (`mx_words.mxfp4_unpack`) as bf16 [r, n] (exact)."""
     if not _common.interpret_mode():
         [w] = plgpu.elementwise_inline_asm(
             E2M1_PTX[half],
@@ -150,7 +151,7 @@ def _e2m1(q, half: str):
         return w
     # The same bits without the subnormal (XLA on CPU flushes it): magnitude codes m >= 2 are
     # 0x3F00 + (m << 6) (1.0 is 0x3F80), m = 1 is 0.5 (0x3F00), m = 0 is 0.
-    codes = quant.mxfp4_unpack(q)[half == "high"]
+    codes = mxfp4_unpack(q)[half == "high"]
     m = codes & 7
     mag = jnp.where(m >= 2, 0x3F00 + (m << 6), jnp.where(m == 1, 0x3F00, 0))
     bits = (mag | ((codes & 8) << 12)).astype(jnp.uint16)
