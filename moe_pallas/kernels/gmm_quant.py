@@ -101,12 +101,12 @@ def _f16_rows(lhs):
 # e2m1 -> bf16 by bit placement: a code's exponent and mantissa bits (E1 E0 M) in bf16's lowest
 # two exponent bits and top mantissa bit (bits 8, 7, 6), its sign in the sign bit (15), read as
 # e2m1(code) · 2^-126 (E = 0, M = 1 is bf16's subnormal 2^-127, i.e. 0.5 · 2^-126); one bf16
-# multiply by 2^126 is then exact. The stored words (`mx_words.MX_WORD_BITS`) keep three of a word's
-# four pairs of codes one shift and one and away from those bits of a bf16x2 lane: per 4 bytes,
-# the low half's 4 values take an and, a shift, an and and 2 bf16x2 multiplies; the high half's a
-# shift, an and, a multiply, then 7 instructions for H2 H3, whose bits fill the word's remainder
-# (15 a word, 1.9 a value; a code a nibble would need byte permutes, 3 a value). Two PTX blocks,
-# as jax 0.11.2's Pallas lowering of elementwise_inline_asm returns a single result.
+# multiply by 2^126 is then exact. The stored words (`mx_words.MX_WORD_BITS`) keep three of a
+# word's four pairs of codes one shift and one and away from those bits of a bf16x2 lane: per 4
+# bytes, the low half's 4 values take an and, a shift, an and and 2 bf16x2 multiplies; the high
+# half's a shift, an and, a multiply, then 7 instructions for H2 H3, whose bits fill the word's
+# remainder (15 a word, 1.9 a value; a code a nibble would need byte permutes, 3 a value). Two
+# PTX blocks, as jax 0.11.2's Pallas lowering of elementwise_inline_asm returns a single result.
 _PAIR_BITS = "0x81C081C0"  # bits 15, 8, 7, 6 of both bf16 halves
 E2M1_PTX = {
     "low": f"""{{
