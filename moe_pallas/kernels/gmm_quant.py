@@ -16,7 +16,7 @@ Each format puts its scale where it costs least:
   - "mxfp4": a scale per 32 values of K: each sub-block of 32 bytes of K, r0.., holds
     k = r0..r0+31 (the low half's codes) and k = K/2 + r0.. (the high half's), 8 codes to a
     32-bit word (`mx_words.MX_WORD_BITS`); both decode to bf16 by bit placement (`_e2m1`: inline
-    PTX on the GPU, 15 integer or bf16x2 instructions per word of 8 values) and the
+    PTX on the GPU, 17 integer or bf16x2 instructions per word of 8 values) and the
     two [rows, 32] x [32, n] partial dots are scaled by their power of two per column:
     acc += dot(x[:, k_lo], lo) · 2^(s_lo − 127) + dot(x[:, k_hi], hi) · 2^(s_hi − 127).
     A loop step takes block_k / 64 sub-blocks (more weight bytes in flight per step); K is a
@@ -104,8 +104,8 @@ def _f16_rows(lhs):
 # multiply by 2^126 is then exact. The stored words (`mx_words.MX_WORD_BITS`) keep three of a
 # word's four pairs of codes one shift and one and away from those bits of a bf16x2 lane: per 4
 # bytes, the low half's 4 values take an and, a shift, an and and 2 bf16x2 multiplies; the high
-# half's a shift, an and, a multiply, then 7 instructions for H2 H3, whose bits fill the word's
-# remainder (15 a word, 1.9 a value; a code a nibble would need byte permutes, 3 a value). Two
+# half's a shift, an and, a multiply, then 9 for H2 H3, whose bits fill the word's remainder
+# (17 a word, 2.1 a value; a code a nibble would need byte permutes, 3 a value). Two
 # PTX blocks, as jax 0.11.2's Pallas lowering of elementwise_inline_asm returns a single result.
 _PAIR_BITS = "0x81C081C0"  # bits 15, 8, 7, 6 of both bf16 halves
 E2M1_PTX = {
