@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moe_pallas import quant
+from moe_pallas.kernels.mx_words import mxfp4_pack
 from moe_pallas.layer import MoE
 
 Layout = Literal["gpt_oss", "per_expert"]
@@ -122,11 +123,11 @@ def _dequantize_mxfp4(
 @jax.jit
 def _mxfp4_stored(blocks, scales):
     """gpt-oss's blocks [E, N, K/32, 16] / scales [E, N, K/32] -> `quant`'s "mxfp4" values
-    [E, N, K/2] (`quant.mxfp4_pack`'s words of k = r.. and K/2 + r..) and scales [E, K/32, N]:
+    [E, N, K/2] (`mx_words.mxfp4_pack`'s words of k = r.. and K/2 + r..) and scales [E, K/32, N]:
     integer ops only, the codes unchanged."""
     codes = jnp.stack([blocks & 0xF, blocks >> 4], axis=-1).reshape(*blocks.shape[:2], -1)
     half = codes.shape[2] // 2  # codes [E, N, K]
-    values = quant.mxfp4_pack(codes[:, :, :half], codes[:, :, half:])
+    values = mxfp4_pack(codes[:, :, :half], codes[:, :, half:])
     return values, jnp.swapaxes(scales, 1, 2)
 
 

@@ -406,8 +406,9 @@ def test_e2m1_ptx_decodes_packed_codes(half):
     hi = np.concatenate([np.roll(every, 1, 0).reshape(-1, 4), rng.integers(0, 16, (512, 4))])
     hi = hi.reshape(-1)
     packed = np.asarray(mx_words.mxfp4_pack(jnp.asarray(lo), jnp.asarray(hi)))
-    np.testing.assert_array_equal(np.asarray(mx_words.mxfp4_unpack(jnp.asarray(packed))[0]), lo)
-    np.testing.assert_array_equal(np.asarray(mx_words.mxfp4_unpack(jnp.asarray(packed))[1]), hi)
+    lo_back, hi_back = mx_words.mxfp4_unpack(jnp.asarray(packed))
+    np.testing.assert_array_equal(np.asarray(lo_back), lo)
+    np.testing.assert_array_equal(np.asarray(hi_back), hi)
     got = _decode_bytes(gmm_quant_module.E2M1_PTX[half], packed)
     codes = lo if half == "low" else hi
     np.testing.assert_array_equal(got.view(jnp.bfloat16).astype(np.float64), e2m1_oracle(codes))
