@@ -331,10 +331,11 @@ def test_layer_and_checkpoints_kept_as_stored():
         moe_pallas.load_experts(gpt_oss_mxfp4_tensors(rng), "gpt_oss", dequantize=False)
 
 
-def _run_ptx(asm: str, word: int) -> list[int]:
-    """Executes the integer and bf16x2 instructions of an `elementwise_inline_asm` block on one
-    32-bit input ($2, four bytes) and returns its two 32-bit outputs ($0, $1)."""
-    regs = {"$2": word}
+def _run_ptx(asm: str, word: int, arg: str = "$2", outs: tuple = ("$0", "$1")) -> list[int]:
+    """Executes the integer, bf16x2 and fp8 conversion instructions of an
+    `elementwise_inline_asm` block on one 32-bit input (`arg`, four bytes) and returns its 32-bit
+    outputs (`outs`)."""
+    regs = {arg: word}
 
     def val(x):
         return regs[x] if x in regs else int(x, 0)
@@ -347,9 +348,17 @@ def _run_ptx(asm: str, word: int) -> list[int]:
         args = [a.strip() for a in args.split(",")]
         if op == ".reg":
             continue
+        if op == "mov.b32" and args[0].startswith("{"):  # {lo, hi} = the 16-bit halves
+            lo, hi = (a.strip("{} ") for a in args[:2])
+            regs[lo], regs[hi] = val(args[2]) & 0xFFFF, val(args[2]) >> 16
+            continue
         d, *src = args
         if op == "mov.b32":
             regs[d] = val(src[0])
+        elif op == "cvt.rn.f16x2.e4m3x2":  # byte i of the 16-bit source -> half i, exactly
+            codes = np.array([val(src[0]) & 0xFF, val(src[0]) >> 8], np.uint8)
+            bits = codes.view(jnp.float8_e4m3fn).astype(np.float16).view(np.uint16)
+            regs[d] = int(bits[0]) | int(bits[1]) << 16
         elif op == "prmt.b32":  # byte i of d = byte selector[i] of {b, a}, or its sign spread
             a, b, sel = (val(s) for s in src)
             pool = a | (b << 32)
@@ -380,7 +389,7 @@ def _run_ptx(asm: str, word: int) -> list[int]:
             regs[d] = int(bits[0]) | int(bits[1]) << 16
         else:
             raise AssertionError(f"instruction {op} has no emulation here")
-    return [regs["$0"], regs["$1"]]
+    return [regs[o] for o in outs]
 
 
 def _decode_bytes(asm: str, byte_values) -> np.ndarray:
@@ -415,6 +424,28 @@ def test_e2m1_ptx_decodes_packed_codes(half):
     np.testing.assert_array_equal(np.signbit(got.view(jnp.bfloat16)), codes >= 8)
     interpreted = gmm_quant_module._e2m1(jnp.asarray(packed, jnp.uint8)[None], half)[0]
     np.testing.assert_array_equal(np.asarray(interpreted).view(np.uint16), got)
+
+
+@pytest.mark.parametrize("half", ["low", "high"])
+def test_e4m3_pair_ptx_decodes_every_byte(half):
+    """The byte-pair view's inline PTX (text as compiled, emulated instruction by instruction):
+    a 32-bit register holds two uint16 pairs, and each result half is the e4m3 value of its
+    pair's low or high byte in float16, for every byte at every position of the word (and random
+    words), bit for bit as the interpret-mode decode (NaN codes NaN)."""
+    rng = np.random.default_rng()
+    every = np.arange(256)[:, None, None] * np.eye(4, dtype=np.int64)[None]  # byte b at slot i
+    words = np.concatenate([every.reshape(-1, 4), rng.integers(0, 256, (512, 4))]).astype(np.uint8)
+    pairs = words.view(np.uint16).reshape(-1)  # little-endian: pair i of a word is bytes 2i, 2i+1
+    got = []
+    for word in words.view(np.uint32).reshape(-1):
+        [out] = _run_ptx(gmm_quant_module.E4M3_PAIR_PTX[half], int(word), "$1", ("$0",))
+        got += [out & 0xFFFF, out >> 16]
+    got = np.array(got, np.uint16).view(np.float16)
+    codes = (pairs >> 8 if half == "high" else pairs & 0xFF).astype(np.uint8)
+    want = codes.view(jnp.float8_e4m3fn).astype(np.float16)
+    np.testing.assert_array_equal(got, want)
+    interpreted = gmm_quant_module._e4m3_pair_f16(jnp.asarray(pairs)[None], half)[0]
+    np.testing.assert_array_equal(np.asarray(interpreted), got)
 
 
 def test_e8m0_scales_decode_every_code():
