@@ -71,9 +71,6 @@ MX_BLOCK = 32
 # Byte arrays from this many elements (an offset past int32) up to 2^32 bytes are read as
 # uint16 pairs (module docstring, Offsets).
 PAIRED_MIN_ELEMENTS = 2**31 + 1
-# probe: fp8 tiles of more rows multiply as row blocks of ROW_DOT rows (0: one dot), each its own
-# mma.sync dot against the once-decoded weight tile.
-ROW_DOT = 0
 
 
 def _and(a, b):
@@ -276,8 +273,8 @@ def _kernel(
         )
         return _load(values_ref.at[g, pl.ds(c0, width), pl.ds(k0, depth)], mask)
 
-    def masks(h, start=m0):
-        rows = start + jnp.arange(h, dtype=jnp.int32)
+    def masks(h):
+        rows = m0 + jnp.arange(h, dtype=jnp.int32)
         row_ok = rows < row_end
         return row_ok, _and(row_ok[:, None], None if n_mask is None else n_mask[None, :])
 
@@ -290,23 +287,15 @@ def _kernel(
         )
 
     def grouped_rows(h):
-        rb = min(h, ROW_DOT) if ROW_DOT and fmt != "mxfp4" else h
-        parts = []  # (first row, rows ok, output mask, gathered source rows) per row block
-        for r in range(h // rb):
-            start = m0 + r * rb
-            row_ok, out_mask = masks(rb, start)
-            src = _load(row_index_ref.at[pl.ds(start, rb)], row_ok) if gather else None
-            parts.append((start, row_ok, out_mask, src))
+        row_ok, out_mask = masks(h)
+        src = _load(row_index_ref.at[pl.ds(m0, h)], row_ok) if gather else None
 
-        def lhs_tile(k0, depth, k_mask, part=0):
-            start, row_ok, _, src = parts[part]
+        def lhs_tile(k0, depth, k_mask):
             ks = k0 + jnp.arange(depth, dtype=jnp.int32)
             a_mask = _and(row_ok[:, None], None if k_mask is None else k_mask[None, :])
             if gather:
                 return _load(lhs_ref.at[src[:, None], ks[None, :]], a_mask).astype(compute_dtype)
-            return _load(lhs_ref.at[pl.ds(start, rb), pl.ds(k0, depth)], a_mask).astype(
-                compute_dtype
-            )
+            return _load(lhs_ref.at[pl.ds(m0, h), pl.ds(k0, depth)], a_mask).astype(compute_dtype)
 
         sub_blocks = k_dim // (2 * MX_BLOCK)
 
@@ -360,44 +349,36 @@ def _kernel(
                 p0 = i * (bk // 2)  # a product keeps its alignment for Triton; k0 // 2 does not
                 pair_ks = p0 + jnp.arange(bk // 2, dtype=jnp.int32)
                 pair_mask = None if k_dim % bk == 0 else pair_ks < k_dim // 2
-                a_parts = [
-                    (
-                        lhs_tile(p0, bk // 2, pair_mask, r),
-                        lhs_tile(k_dim // 2 + p0, bk // 2, pair_mask, r),
-                    )
-                    for r in range(len(parts))
-                ]
+                a_even = lhs_tile(p0, bk // 2, pair_mask)
+                a_odd = lhs_tile(k_dim // 2 + p0, bk // 2, pair_mask)
             else:
                 ks = k0 + jnp.arange(bk, dtype=jnp.int32)
                 k_mask = ks < k_dim if k_dim % bk else None
-                a_parts = [(lhs_tile(k0, bk, k_mask, r),) for r in range(len(parts))]
-            new = [list(acc_r) for acc_r in accs]
+                a = lhs_tile(k0, bk, k_mask)
+            new = list(accs)
             for c, (c0, width, valid) in enumerate(blocks):
                 if paired:
                     pairs = load_values(c0, width, valid, p0, bk // 2, pair_mask)
-                    ws = [
-                        _e4m3_pair_f16(pairs, half).astype(compute_dtype)
-                        for half in ("low", "high")
+                    terms = [
+                        (a_half, _e4m3_pair_f16(pairs, half).astype(compute_dtype))
+                        for a_half, half in ((a_even, "low"), (a_odd, "high"))
                     ]
                 else:
                     q = load_values(c0, width, valid, k0, bk, k_mask)
-                    ws = [_e4m3_f16(q).astype(compute_dtype)]
+                    terms = [(a, _e4m3_f16(q).astype(compute_dtype))]
                 if fmt == "fp8_block":
+                    d = sum(plgpu.dot(a_t, w_t, trans_b=True) for a_t, w_t in terms)
                     col_scales = pl.ds(c0, width)
                     if block_cols:  # column n's scale is its block's, n // 128, read in place
                         col_scales = (c0 + jnp.arange(width, dtype=jnp.int32)) // FP8_BLOCK
                     block_scales = scales_ref.at[g, k0 // FP8_BLOCK, col_scales]
-                    s_cols = _load(block_scales, col_mask(width, valid))[None, :]
-                for r, a_r in enumerate(a_parts):
-                    if fmt == "fp8_block":
-                        d = sum(plgpu.dot(a_t, w_t, trans_b=True) for a_t, w_t in zip(a_r, ws))
-                        new[r][c] = new[r][c] + d * s_cols
-                    else:  # each dot accumulates in place (Triton folds acc + dot into the mma)
-                        for a_t, w_t in zip(a_r, ws):
-                            new[r][c] = new[r][c] + plgpu.dot(a_t, w_t, trans_b=True)
-            return tuple(tuple(n_r) for n_r in new)
+                    new[c] = new[c] + d * _load(block_scales, col_mask(width, valid))[None, :]
+                else:  # each dot accumulates in place (Triton folds acc + dot into the mma)
+                    for a_t, w_t in terms:
+                        new[c] = new[c] + plgpu.dot(a_t, w_t, trans_b=True)
+            return tuple(new)
 
-        accs = tuple(jnp.zeros((rb, width), jnp.float32) for _, width, _ in blocks)
+        accs = tuple(jnp.zeros((h, width), jnp.float32) for _, width, _ in blocks)
         if fmt == "mxfp4":
             first = (mx_scales(jnp.int32(min(u, sub_blocks - 1))) for u in range(unroll))
             carry = (accs, tuple(first) if ahead else ())
@@ -408,20 +389,12 @@ def _kernel(
                 lambda j, accs: mx_step(j * MX_BLOCK, accs, mx_scales(j)),
                 accs,
             )
-            accs = (accs,)
         else:
-            accs = (accs,) * len(parts)
             accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), fp8_body, accs)
-        for part, accs_r in zip(parts, accs):
-            store_rows(part, accs_r)
 
-    def store_rows(part, accs):
-        """The epilogue of one row block's accumulators (one per column block) and its store."""
-        start, row_ok, out_mask, src = part
-        h = row_ok.shape[0]
         if f16_rows:  # lhs = lhs16 · p per lhs row (`_f16_rows`), exact in float32
             p_rows = _load(
-                lhs_scale_ref.at[src] if gather else lhs_scale_ref.at[pl.ds(start, h)], row_ok
+                lhs_scale_ref.at[src] if gather else lhs_scale_ref.at[pl.ds(m0, h)], row_ok
             )
 
         def epilogue(acc, cols, mask):
@@ -441,10 +414,10 @@ def _kernel(
             accs = jnp.unstack(accs[0].reshape(h, bn, 2), axis=-1)
         out = glu(accs[0], accs[1], activation) if activation else accs[0]
         if has_row_scale:
-            scale = _load(row_scale_ref.at[pl.ds(start, h)], row_ok)
+            scale = _load(row_scale_ref.at[pl.ds(m0, h)], row_ok)
             out = out * scale.astype(jnp.float32)[:, None]
         plgpu.store(
-            out_ref.at[pl.ds(start, h), pl.ds(n0, bn)], out.astype(out_ref.dtype), mask=out_mask
+            out_ref.at[pl.ds(m0, h), pl.ds(n0, bn)], out.astype(out_ref.dtype), mask=out_mask
         )
 
     paths = cfg.m_paths()
