@@ -89,6 +89,18 @@ def _e4m3_f16(q):
     return jax.lax.bitcast_convert_type(q, jnp.float8_e4m3fn).astype(jnp.float16)
 
 
+def _inline_asm(ptx: str, x, constraints: str, pack: int, dtype):
+    """x's elements, `pack` to a PTX block, through `ptx` -> an array of x's shape in dtype."""
+    [w] = plgpu.elementwise_inline_asm(
+        ptx,
+        args=[x],
+        constraints=constraints,
+        pack=pack,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, dtype)],
+    )
+    return w
+
+
 # The byte-pair view (module docstring, Offsets): one PTX block per byte of a uint16 pair, two
 # pairs a 32-bit register: the two selected bytes permuted into one e4m3x2 and converted by the
 # hardware to f16x2, 1.5 instructions a value. Masking, shifting and narrowing the pairs to bytes
@@ -110,14 +122,7 @@ def _e4m3_pair_f16(pairs, half: str):
     """uint16 [r, n] byte pairs -> float16 [r, n]: the e4m3 value of each pair's low or high
     byte (exact; NaN codes NaN)."""
     if not _common.interpret_mode():
-        [w] = plgpu.elementwise_inline_asm(
-            E4M3_PAIR_PTX[half],
-            args=[pairs],
-            constraints="=r,r",
-            pack=2,
-            result_shape_dtypes=[jax.ShapeDtypeStruct(pairs.shape, jnp.float16)],
-        )
-        return w
+        return _inline_asm(E4M3_PAIR_PTX[half], pairs, "=r,r", 2, jnp.float16)
     q = (pairs >> 8 if half == "high" else pairs & 0xFF).astype(jnp.uint8)
     return _e4m3_f16(q)
 
@@ -180,14 +185,7 @@ def _e2m1(q, half: str):
     """Stored uint8 [r, n] (n a multiple of 4: whole words) -> the e2m1 values of its low or high
     half's codes (`mx_words.mxfp4_unpack`) as bf16 [r, n] (exact)."""
     if not _common.interpret_mode():
-        [w] = plgpu.elementwise_inline_asm(
-            E2M1_PTX[half],
-            args=[q],
-            constraints="=r,=r,r",
-            pack=4,
-            result_shape_dtypes=[jax.ShapeDtypeStruct(q.shape, jnp.bfloat16)],
-        )
-        return w
+        return _inline_asm(E2M1_PTX[half], q, "=r,=r,r", 4, jnp.bfloat16)
     # The same bits without the subnormal (XLA on CPU flushes it): magnitude codes m >= 2 are
     # 0x3F00 + (m << 6) (1.0 is 0x3F80), m = 1 is 0.5 (0x3F00), m = 0 is 0.
     codes = mxfp4_unpack(q)[half == "high"]
@@ -367,7 +365,9 @@ def _kernel(
                     q = load_values(c0, width, valid, k0, bk, k_mask)
                     terms = [(a, _e4m3_f16(q).astype(compute_dtype))]
                 if fmt == "fp8_block":
-                    d = sum(plgpu.dot(a_t, w_t, trans_b=True) for a_t, w_t in terms)
+                    d = functools.reduce(
+                        jnp.add, (plgpu.dot(a_t, w_t, trans_b=True) for a_t, w_t in terms)
+                    )
                     col_scales = pl.ds(c0, width)
                     if block_cols:  # column n's scale is its block's, n // 128, read in place
                         col_scales = (c0 + jnp.arange(width, dtype=jnp.int32)) // FP8_BLOCK
