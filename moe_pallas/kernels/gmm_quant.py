@@ -181,6 +181,54 @@ mul.rn.bf16x2 $1, a, c;
 }
 
 
+# probe: mxfp4 read as uint16 pairs of bytes (two to a word) and decoded in quarters, each word's
+# (L0, L1), (L2, L3), (H0, H1), (H2, H3) one bf16x2 register of its own (the same 17 instructions
+# a word), so that the dot operands' registers hold 2 K values each (as the 16-bit x's do) where
+# the byte tile's 4 made Triton shuffle x's fragments; x's columns are reordered once per call so
+# that each quarter's K values are a contiguous x tile.
+MX_QUARTERS = False
+_MX_HEAD = ".reg .b32 t, a, b, c;\nmov.b32 c, 0x7E807E80;\n"
+E2M1_QUARTER_PTX = {
+    "lo01": f"and.b32 t, $1, {_PAIR_BITS};\nmul.rn.bf16x2 $0, t, c;",
+    "lo23": f"shl.b32 t, $1, 3;\nand.b32 t, t, {_PAIR_BITS};\nmul.rn.bf16x2 $0, t, c;",
+    "hi01": f"shl.b32 t, $1, 6;\nand.b32 t, t, {_PAIR_BITS};\nmul.rn.bf16x2 $0, t, c;",
+    "hi23": """shr.b32 a, $1, 4;
+and.b32 a, a, 0x00C000C0;
+shr.b32 b, $1, 5;
+and.b32 b, b, 0x01000100;
+or.b32 a, a, b;
+shl.b32 b, $1, 1;
+and.b32 b, b, 0x80008000;
+or.b32 a, a, b;
+mul.rn.bf16x2 $0, a, c;""",
+}
+E2M1_QUARTER_PTX = {k: "{\n" + _MX_HEAD + v + "\n}" for k, v in E2M1_QUARTER_PTX.items()}
+
+
+def _mx_quarter_perm(k_dim: int):
+    """x's column order for the quarters: in each 32-column block, k = 4i, 4i+1 (i = 0..7), then
+    k = 4i+2, 4i+3."""
+    import numpy as np
+
+    j = np.arange(k_dim).reshape(-1, 8, 2, 2)  # [block, i, quarter pair c, d]
+    return np.transpose(j, (0, 2, 1, 3)).reshape(-1)
+
+
+def _e2m1_quarter(pairs, quarter: str):
+    """uint16 [r, n] (n even: whole words) -> bf16 [r, n]: element 2i + d of quarter "lo01" is
+    word i's L(d), of "lo23" L(2 + d), "hi01" H(d), "hi23" H(2 + d)."""
+    if not _common.interpret_mode():
+        return _inline_asm(E2M1_QUARTER_PTX[quarter], pairs, "=r,r", 2, jnp.bfloat16)
+    r, n = pairs.shape
+    q = jax.lax.bitcast_convert_type(pairs, jnp.uint8).reshape(r, 2 * n)
+    codes = mxfp4_unpack(q)[quarter.startswith("hi")].reshape(r, n // 2, 2, 2)
+    codes = codes[:, :, int(quarter.endswith("23")), :].reshape(r, n)
+    m = codes & 7
+    mag = jnp.where(m >= 2, 0x3F00 + (m << 6), jnp.where(m == 1, 0x3F00, 0))
+    bits = (mag | ((codes & 8) << 12)).astype(jnp.uint16)
+    return jax.lax.bitcast_convert_type(bits, jnp.bfloat16)
+
+
 def _e2m1(q, half: str):
     """Stored uint8 [r, n] (n a multiple of 4: whole words) -> the e2m1 values of its low or high
     half's codes (`mx_words.mxfp4_unpack`) as bf16 [r, n] (exact)."""
@@ -310,6 +358,8 @@ def _kernel(
         def mx_step(r0, accs, scales):
             """One sub-block of 32 bytes of K: k = r0.. (the low half's codes) and K/2 + r0.. (the
             high half's), with its scales."""
+            if MX_QUARTERS:
+                return mx_step_quarters(r0, accs, scales)
             a_lo, a_hi = lhs_tile(r0, MX_BLOCK, None), lhs_tile(k_dim // 2 + r0, MX_BLOCK, None)
             new = list(accs)
             for c, (c0, width, valid) in enumerate(blocks):
@@ -318,6 +368,29 @@ def _kernel(
                 w_lo, w_hi = (_e2m1(q, half).astype(compute_dtype) for half in ("low", "high"))
                 lo = plgpu.dot(a_lo, w_lo, trans_b=True)
                 hi = plgpu.dot(a_hi, w_hi, trans_b=True)
+                new[c] = new[c] + lo * s_lo[None, :] + hi * s_hi[None, :]
+            return tuple(new)
+
+        def mx_step_quarters(r0, accs, scales):
+            j0 = r0 // MX_BLOCK * (MX_BLOCK // 2)  # the pair offset (r0 is j · 32)
+            xs = {
+                q: lhs_tile(base + r0 + off, MX_BLOCK // 2, None)
+                for q, base, off in (
+                    ("lo01", 0, 0),
+                    ("lo23", 0, MX_BLOCK // 2),
+                    ("hi01", k_dim // 2, 0),
+                    ("hi23", k_dim // 2, MX_BLOCK // 2),
+                )
+            }
+            new = list(accs)
+            for c, (c0, width, valid) in enumerate(blocks):
+                pairs = load_values(c0, width, valid, j0, MX_BLOCK // 2)
+                s_lo, s_hi = scales[c]
+                d = {
+                    q: plgpu.dot(a_q, _e2m1_quarter(pairs, q).astype(compute_dtype), trans_b=True)
+                    for q, a_q in xs.items()
+                }
+                lo, hi = d["lo01"] + d["lo23"], d["hi01"] + d["hi23"]
                 new[c] = new[c] + lo * s_lo[None, :] + hi * s_hi[None, :]
             return tuple(new)
 
@@ -482,6 +555,10 @@ def gmm_quant(
     values, scales = rhs.values, rhs.scales
     if fmt != "mxfp4":  # fp8 travels as bytes: a masked fp8 load's fill value does not lower
         values = jax.lax.bitcast_convert_type(values, jnp.uint8)
+    elif MX_QUARTERS:
+        e, n, kb = values.shape
+        values = jax.lax.bitcast_convert_type(values.reshape(e, n, kb // 2, 2), jnp.uint16)
+        lhs = lhs[:, _mx_quarter_perm(k_dim)]
     paired = fmt != "mxfp4" and PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (Offsets)
     if paired:
         if k_dim % 2:
