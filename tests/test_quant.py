@@ -331,11 +331,11 @@ def test_layer_and_checkpoints_kept_as_stored():
         moe_pallas.load_experts(gpt_oss_mxfp4_tensors(rng), "gpt_oss", dequantize=False)
 
 
-def _run_ptx(asm: str, word: int, arg: str = "$2", outs: tuple = ("$0", "$1")) -> list[int]:
+def _run_ptx(asm: str, word: int) -> int:
     """Executes the integer, bf16x2 and fp8 conversion instructions of an
-    `elementwise_inline_asm` block on one 32-bit input (`arg`, four bytes) and returns its 32-bit
-    outputs (`outs`)."""
-    regs = {arg: word}
+    `elementwise_inline_asm` block on one 32-bit input ($1, four bytes) and returns its 32-bit
+    output ($0)."""
+    regs = {"$1": word}
 
     def val(x):
         return regs[x] if x in regs else int(x, 0)
@@ -389,26 +389,25 @@ def _run_ptx(asm: str, word: int, arg: str = "$2", outs: tuple = ("$0", "$1")) -
             regs[d] = int(bits[0]) | int(bits[1]) << 16
         else:
             raise AssertionError(f"instruction {op} has no emulation here")
-    return [regs[o] for o in outs]
+    return regs["$0"]
 
 
-def _decode_bytes(asm: str, byte_values) -> np.ndarray:
-    """The bf16 bits (uint16) `asm` makes of `byte_values`, 4 bytes to a 32-bit word, in element
-    order ($0: elements 0, 1; $1: elements 2, 3)."""
+def _decode_words(asm: str, byte_values) -> np.ndarray:
+    """The 16-bit results (uint16) `asm` makes of `byte_values`, 4 bytes to a little-endian 32-bit
+    word, two per word in element order."""
     got = []
-    for word_bytes in np.asarray(byte_values).reshape(-1, 4):
-        word = int(sum(int(b) << (8 * i) for i, b in enumerate(word_bytes)))
-        for out in _run_ptx(asm, word):
-            got += [out & 0xFFFF, out >> 16]
+    for word in np.ascontiguousarray(byte_values, np.uint8).view(np.uint32).reshape(-1):
+        out = _run_ptx(asm, int(word))
+        got += [out & 0xFFFF, out >> 16]
     return np.array(got, np.uint16)
 
 
-@pytest.mark.parametrize("half", ["low", "high"])
-def test_e2m1_ptx_decodes_packed_codes(half):
+@pytest.mark.parametrize("quarter", gmm_quant_module.MX_QUARTERS)
+def test_e2m1_ptx_decodes_packed_codes(quarter):
     """The GPU's inline PTX decode (text as compiled, emulated instruction by instruction) on words
-    packed by `mx_words.mxfp4_pack`: each of the 4 values of a half is its code's e2m1 value in bf16,
-    for every code at every position (and random words), bit for bit as the interpret-mode
-    decode; unpack inverts pack."""
+    packed by `mx_words.mxfp4_pack`: each quarter's 2 values of a word (L0 L1, L2 L3, H0 H1 or
+    H2 H3) are their codes' e2m1 values in bf16, for every code at every position (and random
+    words), bit for bit as the interpret-mode decode; unpack inverts pack."""
     rng = np.random.default_rng()
     every = np.repeat(np.arange(16), 4)[None, :] * np.ones((8, 1), np.int64)  # code c at slot i
     lo = np.concatenate([every.reshape(-1, 4), rng.integers(0, 16, (512, 4))]).reshape(-1)
@@ -418,11 +417,13 @@ def test_e2m1_ptx_decodes_packed_codes(half):
     lo_back, hi_back = mx_words.mxfp4_unpack(jnp.asarray(packed))
     np.testing.assert_array_equal(np.asarray(lo_back), lo)
     np.testing.assert_array_equal(np.asarray(hi_back), hi)
-    got = _decode_bytes(gmm_quant_module.E2M1_PTX[half], packed)
-    codes = lo if half == "low" else hi
+    got = _decode_words(gmm_quant_module.E2M1_PTX[quarter], packed)
+    codes = (lo if quarter.startswith("lo") else hi).reshape(-1, 2, 2)  # [word, pair, value]
+    codes = codes[:, int(quarter.endswith("23"))].reshape(-1)
     np.testing.assert_array_equal(got.view(jnp.bfloat16).astype(np.float64), e2m1_oracle(codes))
     np.testing.assert_array_equal(np.signbit(got.view(jnp.bfloat16)), codes >= 8)
-    interpreted = gmm_quant_module._e2m1(jnp.asarray(packed, jnp.uint8)[None], half)[0]
+    pairs = jnp.asarray(packed.view(np.uint16))[None]
+    interpreted = gmm_quant_module._e2m1(pairs, quarter)[0]
     np.testing.assert_array_equal(np.asarray(interpreted).view(np.uint16), got)
 
 
@@ -436,11 +437,7 @@ def test_e4m3_pair_ptx_decodes_every_byte(half):
     every = np.arange(256)[:, None, None] * np.eye(4, dtype=np.int64)[None]  # byte b at slot i
     words = np.concatenate([every.reshape(-1, 4), rng.integers(0, 256, (512, 4))]).astype(np.uint8)
     pairs = words.view(np.uint16).reshape(-1)  # little-endian: pair i of a word is bytes 2i, 2i+1
-    got = []
-    for word in words.view(np.uint32).reshape(-1):
-        [out] = _run_ptx(gmm_quant_module.E4M3_PAIR_PTX[half], int(word), "$1", ("$0",))
-        got += [out & 0xFFFF, out >> 16]
-    got = np.array(got, np.uint16).view(np.float16)
+    got = _decode_words(gmm_quant_module.E4M3_PAIR_PTX[half], words).view(np.float16)
     codes = (pairs >> 8 if half == "high" else pairs & 0xFF).astype(np.uint8)
     want = codes.view(jnp.float8_e4m3fn).astype(np.float16)
     np.testing.assert_array_equal(got, want)

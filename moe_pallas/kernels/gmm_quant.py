@@ -15,9 +15,11 @@ Each format puts its scale where it costs least:
     [E, K/128, N] per-column scales (the loader's form) are read as they are.
   - "mxfp4": a scale per 32 values of K: each sub-block of 32 bytes of K, r0.., holds
     k = r0..r0+31 (the low half's codes) and k = K/2 + r0.. (the high half's), 8 codes to a
-    32-bit word (`mx_words.MX_WORD_BITS`); both decode to bf16 by bit placement (`_e2m1`: inline
-    PTX on the GPU, 17 integer or bf16x2 instructions per word of 8 values) and the
-    two [rows, 32] x [32, n] partial dots are scaled by their power of two per column:
+    32-bit word (`mx_words.MX_WORD_BITS`); read as uint16 byte pairs, each word decodes to bf16
+    by bit placement in four quarters of 2 values (`_e2m1`: inline PTX on the GPU, 17 integer or
+    bf16x2 instructions per word of 8 values), each quarter a 16-deep dot against its 16 columns
+    of x (x's columns reordered once per call, `_mx_x_order`), and each half's two dots are
+    scaled by their power of two per column:
     acc += dot(x[:, k_lo], lo) · 2^(s_lo − 127) + dot(x[:, k_hi], hi) · 2^(s_hi − 127).
     A loop step takes block_k / 64 sub-blocks (more weight bytes in flight per step); K is a
     multiple of 64, so there is no K tail.
@@ -146,49 +148,15 @@ def _f16_rows(lhs):
 # two exponent bits and top mantissa bit (bits 8, 7, 6), its sign in the sign bit (15), read as
 # e2m1(code) · 2^-126 (E = 0, M = 1 is bf16's subnormal 2^-127, i.e. 0.5 · 2^-126); one bf16
 # multiply by 2^126 is then exact. The stored words (`mx_words.MX_WORD_BITS`) keep three of a
-# word's four pairs of codes one shift and one and away from those bits of a bf16x2 lane: per 4
-# bytes, the low half's 4 values take an and, a shift, an and and 2 bf16x2 multiplies; the high
-# half's a shift, an and, a multiply, then 9 for H2 H3, whose bits fill the word's remainder
-# (17 a word, 2.1 a value; a code a nibble would need byte permutes, 3 a value). Two
-# PTX blocks, as jax 0.11.2's Pallas lowering of elementwise_inline_asm returns a single result.
+# word's four pairs of codes one shift and one and away from those bits of a bf16x2 lane: (L0, L1)
+# an and and a multiply, (L2, L3) and (H0, H1) a shift, an and and a multiply, (H2, H3), whose
+# bits fill the word's remainder, 9 (17 a word, 2.1 a value; a code a nibble would need byte
+# permutes, 3 a value). Each pair is its own quarter of the tile: the values are read as uint16
+# byte pairs, two to a word, and one PTX block makes one bf16x2 of a word, so each thread's dot
+# operand registers hold 2 K values, as the 16-bit x's do (a byte tile's 4 made Triton shuffle
+# x's fragments: offline SASS of the 16 x 64 x 128 K loop 399 -> 343 instructions a thread).
 _PAIR_BITS = "0x81C081C0"  # bits 15, 8, 7, 6 of both bf16 halves
-E2M1_PTX = {
-    "low": f"""{{
-.reg .b32 t, c;
-mov.b32 c, 0x7E807E80;
-and.b32 t, $2, {_PAIR_BITS};
-mul.rn.bf16x2 $0, t, c;
-shl.b32 t, $2, 3;
-and.b32 t, t, {_PAIR_BITS};
-mul.rn.bf16x2 $1, t, c;
-}}""",
-    "high": f"""{{
-.reg .b32 t, a, b, c;
-mov.b32 c, 0x7E807E80;
-shl.b32 t, $2, 6;
-and.b32 t, t, {_PAIR_BITS};
-mul.rn.bf16x2 $0, t, c;
-shr.b32 a, $2, 4;
-and.b32 a, a, 0x00C000C0;
-shr.b32 b, $2, 5;
-and.b32 b, b, 0x01000100;
-or.b32 a, a, b;
-shl.b32 b, $2, 1;
-and.b32 b, b, 0x80008000;
-or.b32 a, a, b;
-mul.rn.bf16x2 $1, a, c;
-}}""",
-}
-
-
-# probe: mxfp4 read as uint16 pairs of bytes (two to a word) and decoded in quarters, each word's
-# (L0, L1), (L2, L3), (H0, H1), (H2, H3) one bf16x2 register of its own (the same 17 instructions
-# a word), so that the dot operands' registers hold 2 K values each (as the 16-bit x's do) where
-# the byte tile's 4 made Triton shuffle x's fragments; x's columns are reordered once per call so
-# that each quarter's K values are a contiguous x tile.
-MX_QUARTERS = False
-_MX_HEAD = ".reg .b32 t, a, b, c;\nmov.b32 c, 0x7E807E80;\n"
-E2M1_QUARTER_PTX = {
+_E2M1_BODY = {
     "lo01": f"and.b32 t, $1, {_PAIR_BITS};\nmul.rn.bf16x2 $0, t, c;",
     "lo23": f"shl.b32 t, $1, 3;\nand.b32 t, t, {_PAIR_BITS};\nmul.rn.bf16x2 $0, t, c;",
     "hi01": f"shl.b32 t, $1, 6;\nand.b32 t, t, {_PAIR_BITS};\nmul.rn.bf16x2 $0, t, c;",
@@ -202,41 +170,32 @@ and.b32 b, b, 0x80008000;
 or.b32 a, a, b;
 mul.rn.bf16x2 $0, a, c;""",
 }
-E2M1_QUARTER_PTX = {k: "{\n" + _MX_HEAD + v + "\n}" for k, v in E2M1_QUARTER_PTX.items()}
+E2M1_PTX = {
+    quarter: "{\n.reg .b32 t, a, b, c;\nmov.b32 c, 0x7E807E80;\n" + body + "\n}"
+    for quarter, body in _E2M1_BODY.items()
+}
+MX_QUARTERS = tuple(E2M1_PTX)  # in x's column order within a 32-column block (`_mx_x_order`)
 
 
-def _mx_quarter_perm(k_dim: int):
-    """x's column order for the quarters: in each 32-column block, k = 4i, 4i+1 (i = 0..7), then
-    k = 4i+2, 4i+3."""
-    import numpy as np
-
-    j = np.arange(k_dim).reshape(-1, 8, 2, 2)  # [block, i, quarter pair c, d]
-    return np.transpose(j, (0, 2, 1, 3)).reshape(-1)
+def _mx_x_order(lhs):
+    """lhs [M, K] with each 32-column block's columns in the quarters' order: k = 4i, 4i + 1
+    (i = 0..7), then k = 4i + 2, 4i + 3, so a quarter's K values are 16 contiguous columns."""
+    m, k = lhs.shape
+    return lhs.reshape(m, k // 32, 8, 2, 2).transpose(0, 1, 3, 2, 4).reshape(m, k)
 
 
-def _e2m1_quarter(pairs, quarter: str):
-    """uint16 [r, n] (n even: whole words) -> bf16 [r, n]: element 2i + d of quarter "lo01" is
-    word i's L(d), of "lo23" L(2 + d), "hi01" H(d), "hi23" H(2 + d)."""
+def _e2m1(pairs, quarter: str):
+    """Stored values as uint16 [r, n] byte pairs (n even: whole words) -> bf16 [r, n], exact:
+    element 2i + d of quarter "lo01" is word i's code L(d), of "lo23" L(2 + d), "hi01" H(d),
+    "hi23" H(2 + d) (`mx_words.mxfp4_unpack`'s low and high halves)."""
     if not _common.interpret_mode():
-        return _inline_asm(E2M1_QUARTER_PTX[quarter], pairs, "=r,r", 2, jnp.bfloat16)
+        return _inline_asm(E2M1_PTX[quarter], pairs, "=r,r", 2, jnp.bfloat16)
+    # The same bits without the subnormal (XLA on CPU flushes it): magnitude codes m >= 2 are
+    # 0x3F00 + (m << 6) (1.0 is 0x3F80), m = 1 is 0.5 (0x3F00), m = 0 is 0.
     r, n = pairs.shape
     q = jax.lax.bitcast_convert_type(pairs, jnp.uint8).reshape(r, 2 * n)
     codes = mxfp4_unpack(q)[quarter.startswith("hi")].reshape(r, n // 2, 2, 2)
     codes = codes[:, :, int(quarter.endswith("23")), :].reshape(r, n)
-    m = codes & 7
-    mag = jnp.where(m >= 2, 0x3F00 + (m << 6), jnp.where(m == 1, 0x3F00, 0))
-    bits = (mag | ((codes & 8) << 12)).astype(jnp.uint16)
-    return jax.lax.bitcast_convert_type(bits, jnp.bfloat16)
-
-
-def _e2m1(q, half: str):
-    """Stored uint8 [r, n] (n a multiple of 4: whole words) -> the e2m1 values of its low or high
-    half's codes (`mx_words.mxfp4_unpack`) as bf16 [r, n] (exact)."""
-    if not _common.interpret_mode():
-        return _inline_asm(E2M1_PTX[half], q, "=r,=r,r", 4, jnp.bfloat16)
-    # The same bits without the subnormal (XLA on CPU flushes it): magnitude codes m >= 2 are
-    # 0x3F00 + (m << 6) (1.0 is 0x3F80), m = 1 is 0.5 (0x3F00), m = 0 is 0.
-    codes = mxfp4_unpack(q)[half == "high"]
     m = codes & 7
     mag = jnp.where(m >= 2, 0x3F00 + (m << 6), jnp.where(m == 1, 0x3F00, 0))
     bits = (mag | ((codes & 8) << 12)).astype(jnp.uint16)
@@ -310,8 +269,9 @@ def _kernel(
         return None if valid is None else jnp.arange(width, dtype=jnp.int32) < valid
 
     def load_values(c0, width, valid, k0, depth, k_mask=None):
-        """A weight tile of the N-major values [E, N, K] (mxfp4: [E, N, K/2] bytes; the
-        paired view: uint16 byte pairs along K): [width, depth] from column c0 and K index k0."""
+        """A weight tile of the N-major values [E, N, K] (mxfp4: [E, N, K/4] uint16 byte pairs;
+        fp8's paired view: [E, N, K/2] uint16): [width, depth] from column c0 and K index k0
+        (in the view's elements)."""
         c_mask = col_mask(width, valid)
         mask = _and(
             None if c_mask is None else c_mask[:, None],
@@ -355,43 +315,25 @@ def _kernel(
                 for c0, width, valid in blocks
             ]
 
-        def mx_step(r0, accs, scales):
-            """One sub-block of 32 bytes of K: k = r0.. (the low half's codes) and K/2 + r0.. (the
-            high half's), with its scales."""
-            if MX_QUARTERS:
-                return mx_step_quarters(r0, accs, scales)
-            a_lo, a_hi = lhs_tile(r0, MX_BLOCK, None), lhs_tile(k_dim // 2 + r0, MX_BLOCK, None)
+        def mx_step(j, accs, scales):
+            """Sub-block j, 32 bytes of K: k = 32j.. (the low half's codes) and K/2 + 32j.. (the
+            high half's), with its scales: four 16-deep dots, one per quarter, against x's
+            reordered columns (`_mx_x_order`)."""
+            r0 = j * MX_BLOCK
+            xs = [
+                lhs_tile(half + r0 + part, MX_BLOCK // 2, None)
+                for half in (0, k_dim // 2)
+                for part in (0, MX_BLOCK // 2)
+            ]
             new = list(accs)
             for c, (c0, width, valid) in enumerate(blocks):
-                q = load_values(c0, width, valid, r0, MX_BLOCK)
+                pairs = load_values(c0, width, valid, j * (MX_BLOCK // 2), MX_BLOCK // 2)
+                d = [
+                    plgpu.dot(a_q, _e2m1(pairs, q).astype(compute_dtype), trans_b=True)
+                    for a_q, q in zip(xs, MX_QUARTERS)
+                ]
                 s_lo, s_hi = scales[c]
-                w_lo, w_hi = (_e2m1(q, half).astype(compute_dtype) for half in ("low", "high"))
-                lo = plgpu.dot(a_lo, w_lo, trans_b=True)
-                hi = plgpu.dot(a_hi, w_hi, trans_b=True)
-                new[c] = new[c] + lo * s_lo[None, :] + hi * s_hi[None, :]
-            return tuple(new)
-
-        def mx_step_quarters(r0, accs, scales):
-            j0 = r0 // MX_BLOCK * (MX_BLOCK // 2)  # the pair offset (r0 is j · 32)
-            xs = {
-                q: lhs_tile(base + r0 + off, MX_BLOCK // 2, None)
-                for q, base, off in (
-                    ("lo01", 0, 0),
-                    ("lo23", 0, MX_BLOCK // 2),
-                    ("hi01", k_dim // 2, 0),
-                    ("hi23", k_dim // 2, MX_BLOCK // 2),
-                )
-            }
-            new = list(accs)
-            for c, (c0, width, valid) in enumerate(blocks):
-                pairs = load_values(c0, width, valid, j0, MX_BLOCK // 2)
-                s_lo, s_hi = scales[c]
-                d = {
-                    q: plgpu.dot(a_q, _e2m1_quarter(pairs, q).astype(compute_dtype), trans_b=True)
-                    for q, a_q in xs.items()
-                }
-                lo, hi = d["lo01"] + d["lo23"], d["hi01"] + d["hi23"]
-                new[c] = new[c] + lo * s_lo[None, :] + hi * s_hi[None, :]
+                new[c] = new[c] + (d[0] + d[1]) * s_lo[None, :] + (d[2] + d[3]) * s_hi[None, :]
             return tuple(new)
 
         # The e8m0 scales are plain loads (a few bytes a thread, below what cp.async moves), so
@@ -407,7 +349,7 @@ def _kernel(
                 j = i * unroll + u
                 if ahead:
                     nxt.append(mx_scales(jnp.minimum(j + unroll, sub_blocks - 1)))
-                accs = mx_step(j * MX_BLOCK, accs, scales[u] if ahead else mx_scales(j))
+                accs = mx_step(j, accs, scales[u] if ahead else mx_scales(j))
             return accs, tuple(nxt)
 
         def fp8_body(i, accs):
@@ -459,7 +401,7 @@ def _kernel(
             accs = jax.lax.fori_loop(
                 sub_blocks - sub_blocks % unroll,
                 sub_blocks,
-                lambda j, accs: mx_step(j * MX_BLOCK, accs, mx_scales(j)),
+                lambda j, accs: mx_step(j, accs, mx_scales(j)),
                 accs,
             )
         else:
@@ -555,10 +497,10 @@ def gmm_quant(
     values, scales = rhs.values, rhs.scales
     if fmt != "mxfp4":  # fp8 travels as bytes: a masked fp8 load's fill value does not lower
         values = jax.lax.bitcast_convert_type(values, jnp.uint8)
-    elif MX_QUARTERS:
-        e, n, kb = values.shape
-        values = jax.lax.bitcast_convert_type(values.reshape(e, n, kb // 2, 2), jnp.uint16)
-        lhs = lhs[:, _mx_quarter_perm(k_dim)]
+    else:  # byte pairs and x's columns in the quarters' order (`_e2m1`)
+        e, n, k_bytes = values.shape
+        values = jax.lax.bitcast_convert_type(values.reshape(e, n, k_bytes // 2, 2), jnp.uint16)
+        lhs = _mx_x_order(lhs)
     paired = fmt != "mxfp4" and PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (Offsets)
     if paired:
         if k_dim % 2:
