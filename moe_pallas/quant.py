@@ -26,8 +26,8 @@ params of `moe_experts`, `ragged_dot` and the `MoE` layer's forward. Its logical
     `kernels.mx_words.MX_WORD_BITS` names (`mxfp4_pack`, `mxfp4_unpack`): a kernel tile of bytes
     is four plain dots, one per pair of a word's codes, against column slices of x, and the bits
     are placed so that the kernel's decode takes 17 instructions per word (`kernels.gmm_quant`).
-    K must be a multiple of 64. e2m1 code bits: sign 3, exponent 2-1 (bias 1, 0 subnormal), mantissa 0: codes 0-7
-    are 0, 0.5, 1, 1.5, 2, 3, 4, 6.
+    K must be a multiple of 64. e2m1 code bits: sign 3, exponent 2-1 (bias 1, 0 subnormal),
+    mantissa 0: codes 0-7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6.
 
 `dtype` is the weight's logical dtype (what `dequantize_experts` returns and what it must match
 in `moe_experts`, x's dtype); `astype` changes only it. The stored values never become a bf16
