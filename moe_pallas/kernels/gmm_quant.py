@@ -181,7 +181,8 @@ def _mx_x_order(lhs):
     """lhs [M, K] with each 32-column block's columns in the quarters' order: k = 4i, 4i + 1
     (i = 0..7), then k = 4i + 2, 4i + 3, so a quarter's K values are 16 contiguous columns."""
     m, k = lhs.shape
-    return lhs.reshape(m, k // 32, 8, 2, 2).transpose(0, 1, 3, 2, 4).reshape(m, k)
+    quads = lhs.reshape(m, k // MX_BLOCK, MX_BLOCK // 4, 2, 2)  # [block, i, pair, value]
+    return quads.transpose(0, 1, 3, 2, 4).reshape(m, k)
 
 
 def _e2m1(pairs, quarter: str):
