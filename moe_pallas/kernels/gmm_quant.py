@@ -75,6 +75,12 @@ MX_BLOCK = 32
 PAIRED_MIN_ELEMENTS = 2**31 + 1
 
 
+def _byte_pairs(values):
+    """uint8 [E, N, K'] (K' even) -> the same bytes as uint16 [E, N, K'/2], byte 2i the low."""
+    e, n, k = values.shape
+    return jax.lax.bitcast_convert_type(values.reshape(e, n, k // 2, 2), jnp.uint16)
+
+
 def _and(a, b):
     return b if a is None else a if b is None else a & b
 
@@ -499,9 +505,7 @@ def gmm_quant(
     if fmt != "mxfp4":  # fp8 travels as bytes: a masked fp8 load's fill value does not lower
         values = jax.lax.bitcast_convert_type(values, jnp.uint8)
     else:  # byte pairs and x's columns in the quarters' order (`_e2m1`)
-        e, n, k_bytes = values.shape
-        values = jax.lax.bitcast_convert_type(values.reshape(e, n, k_bytes // 2, 2), jnp.uint16)
-        lhs = _mx_x_order(lhs)
+        values, lhs = _byte_pairs(values), _mx_x_order(lhs)
     paired = fmt != "mxfp4" and PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (Offsets)
     if paired:
         if k_dim % 2:
@@ -510,8 +514,7 @@ def gmm_quant(
                 f"byte pairs along K, which needs an even K; got K={k_dim}. Pad the weight's K "
                 "or use the bf16 weights (dequantize_experts)."
             )
-        e, n, k = values.shape
-        values = jax.lax.bitcast_convert_type(values.reshape(e, n, k // 2, 2), jnp.uint16)
+        values = _byte_pairs(values)
     block_cols = fmt == "fp8_block" and scales.shape[2] != n_dim  # (Math: fp8_block)
     sched = dispatch.tile_schedule(
         _common.clamp_group_ends(group_sizes, num_rows), num_rows, cfg.block_m
