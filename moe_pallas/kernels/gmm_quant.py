@@ -180,6 +180,13 @@ E2M1_PTX = {
     quarter: "{\n.reg .b32 t, a, b, c;\nmov.b32 c, 0x7E807E80;\n" + body + "\n}"
     for quarter, body in _E2M1_BODY.items()
 }
+import os as _os, re as _re
+MX_FOLD_MIN = int(_os.environ.get("MX_FOLD_MIN", 2**30))  # probe: fold on tiles of this many rows and more
+E2M1_FOLD_PTX = {
+    q: _re.sub(r"mul.rn.bf16x2 \$0, (\w), c;", r"mul.rn.bf16x2 \1, \1, $2;\nmul.rn.bf16x2 $0, \1, $3;",
+               ptx.replace("mov.b32 c, 0x7E807E80;\n", ""))
+    for q, ptx in E2M1_PTX.items()
+}
 MX_QUARTERS = tuple(E2M1_PTX)  # in x's column order within a 32-column block (`_mx_x_order`)
 
 
@@ -207,6 +214,29 @@ def _e2m1(pairs, quarter: str):
     mag = jnp.where(m >= 2, 0x3F00 + (m << 6), jnp.where(m == 1, 0x3F00, 0))
     bits = (mag | ((codes & 8) << 12)).astype(jnp.uint16)
     return jax.lax.bitcast_convert_type(bits, jnp.bfloat16)
+
+
+def _e2m1_scaled(pairs, quarter: str, mult):
+    r, n = pairs.shape
+    if not _common.interpret_mode():
+        m1, m2 = (jnp.broadcast_to(m[:, None], (r, n)) for m in mult)
+        [w] = plgpu.elementwise_inline_asm(
+            E2M1_FOLD_PTX[quarter],
+            args=[pairs, m1, m2],
+            constraints="=r,r,r,r",
+            pack=2,
+            result_shape_dtypes=[jax.ShapeDtypeStruct((r, n), jnp.bfloat16)],
+        )
+        return w
+    return (_e2m1(pairs, quarter).astype(jnp.float32) * mult[:, None]).astype(jnp.bfloat16)
+
+
+def _e8m0_mult(codes):
+    c = codes.astype(jnp.int32)
+    if not _common.interpret_mode():
+        bf = lambda b: jax.lax.bitcast_convert_type((b << 7).astype(jnp.uint16), jnp.bfloat16)
+        return bf(jnp.minimum(c, 128) + 126), bf(jnp.maximum(c, 128) - 1)
+    return _e8m0(codes)
 
 
 def _e8m0(codes):
@@ -311,12 +341,13 @@ def _kernel(
             return _load(lhs_ref.at[pl.ds(m0, h), pl.ds(k0, depth)], a_mask).astype(compute_dtype)
 
         sub_blocks = k_dim // (2 * MX_BLOCK)
+        fold = h >= MX_FOLD_MIN
 
         def mx_scales(s_row):
             """Per column block, the scales of sub-block s_row's low and high halves."""
             return [
                 tuple(
-                    _e8m0(_load(scales_ref.at[g, row, pl.ds(c0, width)], col_mask(width, valid)))
+                    (_e8m0_mult if fold else _e8m0)(_load(scales_ref.at[g, row, pl.ds(c0, width)], col_mask(width, valid)))
                     for row in (s_row, sub_blocks + s_row)
                 )
                 for c0, width, valid in blocks
@@ -335,6 +366,12 @@ def _kernel(
             new = list(accs)
             for c, (c0, width, valid) in enumerate(blocks):
                 pairs = load_values(c0, width, valid, j * (MX_BLOCK // 2), MX_BLOCK // 2)
+                if fold:
+                    for a_q, q in zip(xs, MX_QUARTERS):
+                        mult = scales[c][q.startswith("hi")]
+                        w_q = _e2m1_scaled(pairs, q, mult).astype(compute_dtype)
+                        new[c] = new[c] + plgpu.dot(a_q, w_q, trans_b=True)
+                    continue
                 d = [
                     plgpu.dot(a_q, _e2m1(pairs, q).astype(compute_dtype), trans_b=True)
                     for a_q, q in zip(xs, MX_QUARTERS)
