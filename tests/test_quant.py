@@ -331,11 +331,11 @@ def test_layer_and_checkpoints_kept_as_stored():
         moe_pallas.load_experts(gpt_oss_mxfp4_tensors(rng), "gpt_oss", dequantize=False)
 
 
-def _run_ptx(asm: str, word: int) -> int:
+def _run_ptx(asm: str, *words: int) -> int:
     """Executes the integer, bf16x2 and fp8 conversion instructions of an
-    `elementwise_inline_asm` block on one 32-bit input ($1, four bytes) and returns its 32-bit
-    output ($0)."""
-    regs = {"$1": word}
+    `elementwise_inline_asm` block on 32-bit inputs ($1, $2, ...) and returns its 32-bit output
+    ($0)."""
+    regs = {f"${i + 1}": word for i, word in enumerate(words)}
 
     def val(x):
         return regs[x] if x in regs else int(x, 0)
@@ -392,22 +392,24 @@ def _run_ptx(asm: str, word: int) -> int:
     return regs["$0"]
 
 
-def _decode_words(asm: str, byte_values) -> np.ndarray:
+def _decode_words(asm: str, byte_values, *more: int) -> np.ndarray:
     """The 16-bit results (uint16) `asm` makes of `byte_values`, 4 bytes to a little-endian 32-bit
-    word, two per word in element order."""
+    word ($1), two per word in element order; `more`, the same 32-bit inputs $2.. for each."""
     got = []
     for word in np.ascontiguousarray(byte_values, np.uint8).view(np.uint32).reshape(-1):
-        out = _run_ptx(asm, int(word))
+        out = _run_ptx(asm, int(word), *more)
         got += [out & 0xFFFF, out >> 16]
     return np.array(got, np.uint16)
 
 
 @pytest.mark.parametrize("quarter", gmm_quant_module.MX_QUARTERS)
-def test_e2m1_ptx_decodes_packed_codes(quarter):
+@pytest.mark.parametrize("scale", [0, 1, 2, 100, 127, 128, 129, 200, 252])
+def test_e2m1_ptx_decodes_packed_codes(quarter, scale):
     """The GPU's inline PTX decode (text as compiled, emulated instruction by instruction) on words
-    packed by `mx_words.mxfp4_pack`: each quarter's 2 values of a word (L0 L1, L2 L3, H0 H1 or
-    H2 H3) are their codes' e2m1 values in bf16, for every code at every position (and random
-    words), bit for bit as the interpret-mode decode; unpack inverts pack."""
+    packed by `mx_words.mxfp4_pack`, with e8m0 code `scale`'s two factors: each quarter's 2 values
+    of a word (L0 L1, L2 L3, H0 H1 or H2 H3) are their codes' e2m1 values times 2^(scale - 127)
+    in bf16, exactly, for every code at every position (and random words), bit for bit as the
+    interpret-mode decode where that keeps clear of subnormals; unpack inverts pack."""
     rng = np.random.default_rng()
     every = np.repeat(np.arange(16), 4)[None, :] * np.ones((8, 1), np.int64)  # code c at slot i
     lo = np.concatenate([every.reshape(-1, 4), rng.integers(0, 16, (512, 4))]).reshape(-1)
@@ -417,14 +419,18 @@ def test_e2m1_ptx_decodes_packed_codes(quarter):
     lo_back, hi_back = mx_words.mxfp4_unpack(jnp.asarray(packed))
     np.testing.assert_array_equal(np.asarray(lo_back), lo)
     np.testing.assert_array_equal(np.asarray(hi_back), hi)
-    got = _decode_words(gmm_quant_module.E2M1_PTX[quarter], packed)
+    factors = gmm_quant_module._e8m0_factors(jnp.asarray([scale], jnp.uint8))
+    bf16x2 = [int(np.asarray(f).view(np.uint16)[0]) * 0x10001 for f in factors]
+    got = _decode_words(gmm_quant_module.E2M1_PTX[quarter], packed, *bf16x2)
     codes = (lo if quarter.startswith("lo") else hi).reshape(-1, 2, 2)  # [word, pair, value]
     codes = codes[:, int(quarter.endswith("23"))].reshape(-1)
-    np.testing.assert_array_equal(got.view(jnp.bfloat16).astype(np.float64), e2m1_oracle(codes))
+    want = e2m1_oracle(codes) * 2.0 ** (scale - 127)
+    np.testing.assert_array_equal(got.view(jnp.bfloat16).astype(np.float64), want)
     np.testing.assert_array_equal(np.signbit(got.view(jnp.bfloat16)), codes >= 8)
-    pairs = jnp.asarray(packed.view(np.uint16))[None]
-    interpreted = gmm_quant_module._e2m1(pairs, quarter)[0]
-    np.testing.assert_array_equal(np.asarray(interpreted).view(np.uint16), got)
+    if scale >= 2:  # 0.5 · 2^(scale - 127) is a normal number (XLA on CPU flushes subnormals)
+        pairs = jnp.asarray(packed.view(np.uint16))[None]
+        interpreted = gmm_quant_module._e2m1(pairs, quarter, factors)[0]
+        np.testing.assert_array_equal(np.asarray(interpreted).view(np.uint16), got)
 
 
 @pytest.mark.parametrize("half", ["low", "high"])
@@ -445,14 +451,17 @@ def test_e4m3_pair_ptx_decodes_every_byte(half):
     np.testing.assert_array_equal(np.asarray(interpreted), got)
 
 
-def test_e8m0_scales_decode_every_code():
-    """The kernel's e8m0 decode (exponent-field placement and one integer max) is 2^(c - 127) as
-    float32 for all 256 codes, bit for bit: c = 0 the subnormal 2^-127, c = 255 +inf."""
+def test_e8m0_factors_of_every_code():
+    """The kernel's two bf16 factors of each e8m0 code c (exponent-field placement) are finite
+    powers of two of product 2^(c - 1), which times the decode's e2m1 · 2^-126 is the scale
+    2^(c - 127), for all 256 codes."""
     codes = np.arange(256)
-    got = np.asarray(gmm_quant_module._e8m0(jnp.asarray(codes, jnp.uint8)))
-    with np.errstate(over="ignore"):  # c = 255: 2^128 is +inf in float32
-        want = np.ldexp(np.float32(1), codes - 127).astype(np.float32)
-    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    factors = gmm_quant_module._e8m0_factors(jnp.asarray(codes, jnp.uint8))
+    f_lo, f_hi = (np.asarray(f).astype(np.float64) for f in factors)
+    assert np.isfinite(f_lo).all() and np.isfinite(f_hi).all()
+    np.testing.assert_array_equal(np.frexp(f_lo)[0], 0.5)
+    np.testing.assert_array_equal(np.frexp(f_hi)[0], 0.5)
+    np.testing.assert_array_equal(f_lo * f_hi, np.ldexp(1.0, codes - 1))
 
 
 def test_each_format_fits_the_tiles_k_step():
