@@ -170,10 +170,10 @@ def _f16_rows(lhs):
 # float32's 2^(s - 127) · e2m1 does), so both products are exact and the dots take the scaled
 # weights: no float32 multiply of the accumulator per sub-block (2 a value of it per 32 K), which
 # halves the 64-row tile's K loop (offline SASS, 64 x 128 x 64: 592 -> 327 instructions a thread;
-# the layer at 64 rows per expert 28-33% faster). On 16- and 32-row tiles the factors, a broadcast
+# the layer at 64 rows per expert 28-31% faster). On 16- and 32-row tiles the factors, a broadcast
 # operand, keep Triton from moving the decode past the shared-memory load into the dot operand's
 # registers, so the decoded tile takes a shared-memory round trip; those tiles still run fewer
-# instructions (16 x 64 x 128: 343 -> 329) and the layer at 1-16 rows per expert 5% faster.
+# instructions (16 x 64 x 128: 343 -> 329) and the layer at decode sizes (T = 16-256) 5% faster.
 _PAIR_BITS = "0x81C081C0"  # bits 15, 8, 7, 6 of both bf16 halves
 _E2M1_BODY = {
     "lo01": f"and.b32 t, $1, {_PAIR_BITS};",
