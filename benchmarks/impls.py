@@ -642,3 +642,12 @@ IMPLS: dict[str, Callable[[Case, dict], Prepared]] = {
     **{f"moe_pallas:auto+{fmt}": _ours_quantized(fmt) for fmt in QUANT_FORMATS},
     **{f"tokamax+{fmt}": _tokamax_quantized(fmt) for fmt in QUANT_FORMATS},
 }
+# Implementations whose prepare only traces and compiles jax code, so that the runner may prepare
+# them in threads at once (`benchmarks.run --compile-workers`): no step is run and nothing is timed,
+# except XLA's autotuning of our weight gradients' batched matmul (cublas_slab) in "train" cases, the
+# only one of them that times kernels while compiling. The line (it times its variants), torch (it
+# runs a step) and jax.lax.ragged_dot (its dense XLA dot is autotuned too) are prepared alone.
+COMPILE_AHEAD = frozenset(
+    (*OURS, *(f"moe_pallas:auto+{fmt}" for fmt in QUANT_FORMATS), "tokamax")
+    + tuple(f"tokamax+{fmt}" for fmt in QUANT_FORMATS)
+)

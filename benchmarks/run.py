@@ -2,7 +2,7 @@
 
     python -m benchmarks.run --suite gptoss|swiglu256|decode|train|gmm|all --out DIR
                              [--impls A,B] [--append] [--small] [--ceiling datasheet|measured]
-                             [--budget SECONDS] [--time-limit SECONDS]
+                             [--budget SECONDS] [--time-limit SECONDS] [--compile-workers N]
 
 Per (case, implementation): median time of blocking samples after warm-up calls (each sample a
 burst of back-to-back calls lasting >= 20 ms, one wait at its end; samples fill `--budget` seconds,
@@ -26,6 +26,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.65")
 
 import argparse
+import concurrent.futures
 import csv
 import datetime
 import json
@@ -137,10 +138,36 @@ def _rel_err(out, ref) -> float | None:
     return float(jnp.linalg.norm(out - ref) / jnp.maximum(jnp.linalg.norm(ref), 1e-30))
 
 
-def run_case(case, impl_names, params, device, budget_s, pbar=None, skip=None) -> list[dict]:
-    """Time `impl_names` on `case`; `skip` maps impl names to a reason not to run them here."""
+def prepare_ahead(case, impl_names, inputs, workers: int, skip=None) -> dict:
+    """{impl: Prepared, or the exception its prepare raised} for the implementations of
+    `impls.COMPILE_AHEAD`, prepared in `workers` threads at once before anything of the case is
+    timed: compilation releases the GIL, so the case's compiles overlap instead of queueing, and
+    nothing is timed meanwhile. Empty with one worker or fewer than two such implementations."""
+    skip = skip or {}
+    ahead = [n for n in impl_names if n in _impls.COMPILE_AHEAD and n not in skip]
+    if workers < 2 or len(ahead) < 2:
+        return {}
+    if any(_impls.weight_format(n) for n in ahead):
+        _impls.read_bandwidth()  # the floors' bandwidth, measured before the threads start
+
+    def prepare(name):
+        try:
+            return _impls.IMPLS[name](case, inputs)
+        except Exception as err:  # noqa: BLE001 - raised again where the row is written
+            return err
+
+    with concurrent.futures.ThreadPoolExecutor(min(workers, len(ahead))) as pool:
+        return dict(zip(ahead, pool.map(prepare, ahead)))
+
+
+def run_case(
+    case, impl_names, params, device, budget_s, pbar=None, skip=None, compile_workers=1
+) -> list[dict]:
+    """Time `impl_names` on `case`; `skip` maps impl names to a reason not to run them here;
+    `compile_workers` > 1 prepares the compile-only implementations at once (`prepare_ahead`)."""
     skip = skip or {}
     inputs = _inputs(case, params)
+    ready = prepare_ahead(case, impl_names, inputs, compile_workers, skip)
     hit = _cases.hit_experts(inputs["topk_idx"], case.workload.experts)
     cost = _cost(case, hit)
     sol_s = cost.sol_seconds(device, inputs["x"].dtype)
@@ -160,7 +187,9 @@ def run_case(case, impl_names, params, device, budget_s, pbar=None, skip=None) -
         try:
             if name in skip:
                 raise _impls.Skip(skip[name])
-            prep = _impls.IMPLS[name](case, inputs)
+            prep = ready.pop(name) if name in ready else _impls.IMPLS[name](case, inputs)
+            if isinstance(prep, Exception):
+                raise prep
             seconds, samples, out = measure(prep, budget_s)
             comparable = prep.output(out)
             rel_err = _rel_err(comparable, reference)
@@ -421,6 +450,14 @@ def main(argv: list[str] | None = None) -> Path:
         action="store_true",
         help="add to --out's results.json (rows of re-run cases are replaced): one suite per call",
     )
+    parser.add_argument(
+        "--compile-workers",
+        type=int,
+        default=1,
+        help="threads that prepare a case's compile-only implementations at once, before any of "
+        "them is timed (benchmarks.impls.COMPILE_AHEAD); compile_s is then each one's wall time "
+        "among the others (default: %(default)s, one after another)",
+    )
     parser.add_argument("--no-plots", action="store_true")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
@@ -497,7 +534,9 @@ def main(argv: list[str] | None = None) -> Path:
                 params = None  # free the previous workload's weights first
                 params = _cases.make_params(case.workload)
                 params_of = case.workload
-            rows += run_case(case, impl_names, params, device, args.budget, pbar, skip)
+            rows += run_case(
+                case, impl_names, params, device, args.budget, pbar, skip, args.compile_workers
+            )
             write(out_dir, rows, meta, plots=False)  # partial results survive an interrupted run
     meta["versions"] = provenance.versions()
     wall = (datetime.datetime.now(datetime.UTC) - now).total_seconds()

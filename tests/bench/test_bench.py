@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import jax
@@ -696,3 +697,36 @@ def test_canonical_script_names_existing_suites_and_implementations():
         assert set(suites.split(",")) <= set(cases.SUITES)
     for case in re.findall(r"(?:gptoss|swiglu256):(?:fwd|train):\d+", text):
         trace.parse_case(case, small=False)
+
+
+def test_runner_prepares_compile_only_implementations_at_once(tmp_path, monkeypatch):
+    """--compile-workers 2: the implementations of impls.COMPILE_AHEAD are prepared in threads at
+    once (two fakes that each wait for the other at a barrier would time out one after another),
+    a prepare's exception becomes its row as it would serially, and a real layer still matches
+    the peer."""
+    barrier = threading.Barrier(2, timeout=10)
+
+    def meeting(case, inputs):
+        barrier.wait()
+        return impls.IMPLS["moe_pallas:pallas_triton"](case, inputs)
+
+    def refusing(case, inputs):
+        raise impls.Skip("not implemented: a fake")
+
+    for name, prepare in (("meet a", meeting), ("meet b", meeting), ("refuses", refusing)):
+        monkeypatch.setitem(impls.IMPLS, name, prepare)
+    names = ("meet a", "meet b", "refuses", "moe_pallas:pallas_triton")
+    monkeypatch.setattr(impls, "COMPILE_AHEAD", impls.COMPILE_AHEAD | set(names))
+    args = ["--suite", "decode", "--small", "--tokens", "1", "--budget", "0.01", "--no-plots"]
+    args += ["--impls", "jax.lax.ragged_dot," + ",".join(names), "--compile-workers", "2"]
+    out = run.main([*args, "--out", str(tmp_path)])
+    rows = {r["impl"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert {n: rows[n]["status"] for n in names} == {
+        "meet a": "ok",
+        "meet b": "ok",
+        "refuses": "skipped",
+        "moe_pallas:pallas_triton": "ok",
+    }
+    assert rows["refuses"]["message"] == "not implemented: a fake"
+    for name in ("meet a", "meet b", "moe_pallas:pallas_triton"):
+        assert rows[name]["rel_err_vs"] == "jax.lax.ragged_dot" and rows[name]["rel_err"] < 2e-2
