@@ -2,16 +2,17 @@
 
     python -m benchmarks.sass [--weights bf16|fp8|fp8_block|mxfp4] [--rows 16] [--block-n 64]
                               [--block-k 128] [--warps 4] [--stages 3] [--k 2880] [--n 2880]
-                              [--experts 128] [--keep DIR]
+                              [--activation swiglu|gptoss] [--experts 128] [--keep DIR]
 
-The gmm (plain, row scale; `kernels.gmm` for bf16 weights, `kernels.gmm_quant` for the stored
-formats) at one tile config is lowered for an abstract H200 (`jax.sharding.use_abstract_mesh`,
+The gmm (row scale, plain or with a GLU epilogue; `kernels.gmm` for bf16 weights,
+`kernels.gmm_quant` for the stored formats) at one tile config is lowered for an abstract H200 (`jax.sharding.use_abstract_mesh`,
 as `tests/test_lowering.py`), its Triton module captured from Pallas's lowering, compiled by
 upstream Triton (`pip install triton==3.6.0`, the GPU image's) for sm_90, and disassembled by the
 nvdisasm Triton ships. The loop printed is the one with the most instructions (a backward
 branch): the K loop. Per opcode (with its first modifier) its count, and the loop's total;
 instructions of the quarter-rate conversion and special-function pipes (F2F, F2FP, I2F, F2I,
-MUFU) are counted apart: an in-kernel weight decode is bound by them long before the memory.
+MUFU) are counted apart: an in-kernel weight decode is bound by them long before the memory; so
+are local loads and stores (LDL, STL), the registers spilled.
 
 It shows where a kernel's issue slots go without a device (the fp8 decode's conversions in
 docs/decisions.md); it is not a timing, and jaxlib's Triton (what runs on the GPU) can schedule
@@ -57,6 +58,11 @@ def slow_pipe(counts: collections.Counter) -> int:
     return sum(n for op, n in counts.items() if op.split(".")[0] in SLOW_PIPE)
 
 
+def spills(counts: collections.Counter) -> int:
+    """Local-memory loads and stores (LDL, STL): registers spilled to the stack."""
+    return sum(n for op, n in counts.items() if op.split(".")[0] in ("LDL", "STL"))
+
+
 def triton_module(args) -> str:
     """The Triton IR (text) of the gmm call `args` describes, lowered for an abstract H200."""
     import jax
@@ -79,13 +85,18 @@ def triton_module(args) -> str:
     )
     e, k, n, m = args.experts, args.k, args.n, args.experts * 2 * args.rows
     lhs, sizes, scale = sds((m, k), jnp.bfloat16), sds((e,), jnp.int32), sds((m,), jnp.float32)
+    act = args.activation
     if args.weights == "bf16":
-        fn = lambda lhs, sizes, w, scale: gmm(lhs, w, sizes, row_scale=scale, config=cfg)
+        fn = lambda lhs, sizes, w, scale: gmm(
+            lhs, w, sizes, row_scale=scale, activation=act, config=cfg
+        )
         w = sds((e, k, n), jnp.bfloat16)
     else:
         stored = quant.quantize_weight(jnp.zeros((1, k, n), jnp.bfloat16), args.weights)
         w = jax.tree.map(lambda a: sds((e, *a.shape[1:]), a.dtype), stored)
-        fn = lambda lhs, sizes, w, scale: gmm_quant(lhs, w, sizes, row_scale=scale, config=cfg)
+        fn = lambda lhs, sizes, w, scale: gmm_quant(
+            lhs, w, sizes, row_scale=scale, activation=act, config=cfg
+        )
     modules = []
     lower = pallas_call_registration.lowering.lower_jaxpr_to_triton_module
 
@@ -147,7 +158,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--weights", default="bf16", choices=["bf16", "fp8", "fp8_block", "mxfp4"])
     parser.add_argument("--rows", type=int, default=16, help="block_m: the tile's rows")
-    parser.add_argument("--block-n", type=int, default=64)
+    parser.add_argument("--block-n", type=int, default=64, help="output columns of the tile")
+    parser.add_argument(
+        "--activation",
+        choices=["swiglu", "gptoss"],
+        help="the GLU epilogue (the tile then reads 2 x block-n weight columns)",
+    )
     parser.add_argument("--block-k", type=int, default=128)
     parser.add_argument("--warps", type=int, default=4)
     parser.add_argument("--stages", type=int, default=3)
@@ -158,11 +174,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     keep = args.keep or Path(tempfile.mkdtemp(prefix="moe_pallas_sass_"))
     counts = loop_mix(compile_sass(triton_module(args), args.warps, args.stages, keep))
-    values = args.block_k * args.block_n // (32 * args.warps)  # weight values a thread decodes
+    columns = args.block_n * (2 if args.activation else 1)
+    values = args.block_k * columns // (32 * args.warps)  # weight values a thread decodes
+    kind = f"{args.activation} GLU gmm" if args.activation else "gmm"
     print(
-        f"K loop of the {args.weights} gmm, {args.rows} x {args.block_n} x {args.block_k} tile, "
+        f"K loop of the {args.weights} {kind}, {args.rows} x {columns} x {args.block_k} tile, "
         f"{args.warps} warps: {sum(counts.values())} instructions a thread, "
-        f"{slow_pipe(counts)} on the conversion/SFU pipes, for {values} weight values"
+        f"{slow_pipe(counts)} on the conversion/SFU pipes, {spills(counts)} local loads/stores "
+        f"(register spills), for {values} weight values"
     )
     for op, count in counts.most_common():
         print(f"  {count:5d}  {op}")

@@ -610,6 +610,8 @@ SASS_LOOP = """
         /*0030*/              @!P0 MUFU.EX2 R5, R4 ;
         /*0040*/                   HMMA.16816.F32.BF16 R8, R4, R6, R8 ;
         /*0050*/                   LDS.U8 R2, [R3+0x1] ;
+        /*0058*/                   STL.64 [R1+0x8], R8 ;
+        /*005c*/                   LDL R9, [R1+0x10] ;
         /*0060*/               @P1 BRA `(.L_x_0) ;
 .L_x_1:
         /*0070*/                   STG.E [R10], R8 ;
@@ -619,20 +621,31 @@ SASS_LOOP = """
 
 def test_sass_loop_mix_counts_the_longest_loop():
     """benchmarks.sass: the K loop is the longest backward branch's body; opcodes keep their first
-    modifier, predicates are not opcodes, and the conversion/SFU pipes are counted apart."""
+    modifier, predicates are not opcodes, and the conversion/SFU pipes and the local loads and
+    stores (spills) are counted apart."""
     from benchmarks import sass
 
     counts = sass.loop_mix(SASS_LOOP)
-    assert counts == {"LDS.U8": 2, "F2F.BF16": 1, "MUFU.EX2": 1, "HMMA.16816": 1, "BRA": 1}
-    assert sass.slow_pipe(counts) == 2
+    assert counts == {
+        "LDS.U8": 2,
+        "F2F.BF16": 1,
+        "MUFU.EX2": 1,
+        "HMMA.16816": 1,
+        "STL.64": 1,
+        "LDL": 1,
+        "BRA": 1,
+    }
+    assert sass.slow_pipe(counts) == 2 and sass.spills(counts) == 2
     with pytest.raises(ValueError, match="no backward branch"):
         sass.loop_mix(SASS_LOOP.replace("BRA `(.L_x_0)", "BRA `(.L_x_1)").replace(".L_x_1:\n", ""))
 
 
-@pytest.mark.parametrize("weights", ["bf16", "fp8", "mxfp4"])
-def test_sass_captures_the_kernels_triton_module(weights):
-    """benchmarks.sass lowers the gmm for an abstract H200 and captures its Triton module (the
-    compile itself needs upstream Triton and is not run here)."""
+@pytest.mark.parametrize(
+    "weights, activation", [("bf16", None), ("fp8", None), ("mxfp4", None), ("mxfp4", "swiglu")]
+)
+def test_sass_captures_the_kernels_triton_module(weights, activation):
+    """benchmarks.sass lowers the gmm (plain or GLU) for an abstract H200 and captures its Triton
+    module (the compile itself needs upstream Triton and is not run here)."""
     from benchmarks import sass
 
     args = argparse.Namespace(
@@ -645,9 +658,11 @@ def test_sass_captures_the_kernels_triton_module(weights):
         k=256,
         n=128,
         experts=4,
+        activation=activation,
     )
     ttir = sass.triton_module(args)
-    assert ttir.startswith("module") and "tt.dot" in ttir
+    assert ttir.startswith("module") and ttir.count("tt.dot") >= (2 if activation else 1)
+    assert ("arith.divf" in ttir) == (activation is not None)  # silu's 1 / (1 + exp(-x))
     assert ("inline_asm" in ttir) == (weights == "mxfp4")  # e2m1's PTX decode
     assert ("tt.fp_to_fp" in ttir) == (weights == "fp8")  # e4m3 -> f16 by the hardware
 
