@@ -155,11 +155,6 @@ def moe_experts(
     policy = backends.resolve(implementation)
     ops.check_kernel_dtype("x", x, policy)
     params = {k: quant.guard_gradients(v) for k, v in params.items()}
-    if (mesh is not None or return_stats) and any(map(quant.is_quantized, params.values())):
-        raise ValueError(
-            "quantised expert weights run on one device only (mesh=None, return_stats=False); "
-            "pass moe_pallas.dequantize_experts(params) for the expert-parallel path."
-        )
     if mesh is not None or return_stats:  # (parallel checks routing itself, mesh-wide)
         out, stats = parallel.moe_experts_parallel(
             x,

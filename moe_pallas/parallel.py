@@ -41,7 +41,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moe_pallas import backends, debug, dispatch, fused
+from moe_pallas import backends, debug, dispatch, fused, quant
 
 Exchange = Literal["auto", "all_to_all", "ragged"]
 EXCHANGES: tuple[str, ...] = ("auto", "all_to_all", "ragged")
@@ -397,7 +397,7 @@ def moe_experts_parallel(
     x: jax.Array,
     topk_idx: jax.Array,
     topk_weight: jax.Array,
-    params: dict[str, jax.Array],
+    params: dict[str, jax.Array | quant.QuantizedWeight],
     *,
     activation: str,
     implementation: str,
@@ -447,7 +447,7 @@ def moe_experts_parallel(
             f"{expert_axis!r}; use an expert count divisible by the axis size."
         )
     exchange = resolve_exchange(exchange)
-    mesh = _auto_outside_mesh_context(mesh, (x, topk_idx, topk_weight, *params.values()))
+    mesh = _auto_outside_mesh_context(mesh, (x, topk_idx, topk_weight, *jax.tree.leaves(params)))
     experts_per_shard = num_experts // num_shards
     num_tokens, top_k = topk_idx.shape
     pad = -num_tokens % mesh.size
@@ -490,9 +490,10 @@ def moe_experts_parallel(
         return out.astype(x.dtype), counts[0], received, spilled
 
     tokens = P(axes)
+    # A quantised weight's values and scales both lead with E: one spec splits the pair alike.
     expert_slices = {name: P(expert_axis) for name in params}
     args = [_to_mesh(a, mesh, tokens) for a in (x, topk_idx, topk_weight)]
-    params = {name: _to_mesh(p, mesh, P(expert_axis)) for name, p in params.items()}
+    params = jax.tree.map(lambda p: _to_mesh(p, mesh, P(expert_axis)), params)
     # One jit around the exchange: called eagerly, shard_map would dispatch its collectives and
     # the dropless second round op by op (seconds per call on CPU).
     out, dropped, received, spilled = jax.jit(

@@ -2,7 +2,9 @@
 `dequantize_experts`.
 
 A quantised expert weight takes the place of a `[E, K, N]` array (`w_gate_up`, `w_down`) in the
-params of `moe_experts`, `ragged_dot` and the `MoE` layer's forward. Its logical value w[e, k, n]:
+params of `moe_experts` (with or without a mesh: values and scales both lead with E, so expert
+parallelism splits them alike), `ragged_dot` and the `MoE` layer's forward. Its logical value
+w[e, k, n]:
 
   - "fp8": values float8_e4m3fn [E, N, K] (N-major: each output channel's K values contiguous,
     as checkpoints store their [out, in] matrices), scales float32 [E, N] (one per output

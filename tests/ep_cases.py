@@ -195,6 +195,46 @@ def debug_raises():
     return raised
 
 
+def quantized_case(fmt, implementation, seed):
+    """Quantised expert weights (`quantize_experts`) split over a 4 x 2 mesh: forward and the
+    gradients of x and the routing weights against the same weights on one device; gradients
+    of the weights are refused with the single-device error. H = I = 64 (mxfp4: K % 64 == 0)."""
+    ks = jax.random.split(jax.random.key(seed), 6)
+    h, inter, num_experts, tokens, top_k = 64, 64, 16, 29, 4
+    x = jax.random.normal(ks[0], (tokens, h)).astype(jnp.bfloat16)
+    idx = jax.lax.top_k(jax.random.normal(ks[1], (tokens, num_experts)), top_k)[1]
+    w = jax.random.uniform(ks[2], (tokens, top_k), jnp.float32, 0.1, 1.0)
+    dense = {
+        "w_gate_up": jax.random.normal(ks[3], (num_experts, h, 2 * inter)) / 8,
+        "w_down": jax.random.normal(ks[4], (num_experts, inter, h)) / 8,
+        "b_gate_up": 0.1 * jax.random.normal(ks[5], (num_experts, 2 * inter)),
+    }
+    params = moe_pallas.quantize_experts(jax.tree.map(lambda p: p.astype(x.dtype), dense), fmt)
+    single = partial(moe_pallas.moe_experts, activation="gptoss", implementation=implementation)
+    ep = partial(single, mesh=moe_pallas.expert_mesh(4, 2), exchange="all_to_all")
+    cot = jax.random.normal(jax.random.key(99), x.shape).astype(x.dtype)
+
+    @jax.jit
+    def run():
+        outs = []
+        for fn in (ep, single):
+            out, vjp = jax.vjp(lambda x, w, fn=fn: fn(x, idx, w, params), x, w)
+            outs.append((out, vjp(cot)))
+        return outs
+
+    (out, grads), (ref, ref_grads) = run()
+    try:
+        jax.grad(lambda p: jnp.sum(ep(x, idx, w, p).astype(jnp.float32)))(params)
+        weight_grad = ""
+    except TypeError as e:
+        weight_grad = str(e)
+    return {
+        "fwd": rel(out, ref),
+        "grad": max(rel(a, b) for a, b in zip(grads, ref_grads)),
+        "weight_grad": weight_grad,
+    }
+
+
 def errors():
     x, idx, w, params = make_inputs(0, 8, 12, 2)
     messages = {}
@@ -288,6 +328,9 @@ def main():
         params,
         "gptoss",
     )
+    results["a2a_ep4_data2_fp8_block_pallas"] = quantized_case("fp8_block", "pallas_triton", 11)
+    results["a2a_ep4_data2_mxfp4_pallas"] = quantized_case("mxfp4", "pallas_triton", 12)
+    results["a2a_ep4_data2_fp8_xla"] = quantized_case("fp8", "xla", 13)
     results["a2a_dropless_balanced"] = spill_case(balanced=True)
     results["a2a_dropless_spill"] = spill_case(balanced=False)
     results["a2a_drop"] = drop_case("all_to_all", 8, 1, 1.0, 8)

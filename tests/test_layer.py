@@ -325,9 +325,18 @@ EXPERT_PARALLEL_SCRIPT = textwrap.dedent(
     (_, y_one), g_one = step(one, x)
     rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))
     g_ep, g_one = nnx.to_pure_dict(g_ep), nnx.to_pure_dict(g_one)
+    sharded = ep.w_gate_up[...].sharding.is_equivalent_to(
+        jax.NamedSharding(mesh, jax.P("expert", None, None)), 3)
+    # the same experts stored as fp8 in both layers: the sharded layer's forward and dx
+    stored = moe_pallas.quantize_experts(one.expert_params(), "fp8")
+    for m in (ep, one):
+        moe_pallas.set_expert_params(m, stored)
+    dx = nnx.jit(lambda m, x: jax.value_and_grad(lambda x: loss(m, x)[0])(x))
+    (l_ep, dx_ep), (l_one, dx_one) = dx(ep, x), dx(one, x)
     print(json.dumps({
-        "sharded": ep.w_gate_up[...].sharding.is_equivalent_to(
-            jax.NamedSharding(mesh, jax.P("expert", None, None)), 3),
+        "fp8_loss": abs(float(l_ep) - float(l_one)) / abs(float(l_one)),
+        "fp8_dx": rel(np.asarray(dx_ep), np.asarray(dx_one)),
+        "sharded": sharded,
         "y": rel(np.asarray(y_ep), np.asarray(y_one)),
         "grads": {k: rel(np.asarray(g_ep[k]), np.asarray(g_one[k])) for k in g_one},
     }))
@@ -337,7 +346,8 @@ EXPERT_PARALLEL_SCRIPT = textwrap.dedent(
 
 def test_expert_parallel_layer_equals_one_device():
     """4 CPU devices (a fresh process): params sharded on "expert" at creation under the mesh,
-    output and gradients equal to the same layer without a mesh."""
+    output and gradients equal to the same layer without a mesh; so are the loss and dx with the
+    experts stored as fp8 in both (`set_expert_params`)."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     run = subprocess.run(
         [sys.executable, "-c", EXPERT_PARALLEL_SCRIPT],
@@ -360,6 +370,8 @@ def test_expert_parallel_layer_equals_one_device():
         "b_down",
     }
     assert max(result["grads"].values()) < 1e-5, result["grads"]
+    # quantised experts on the mesh (float32 layer: the xla backend dequantises per call)
+    assert result["fp8_loss"] < 1e-5 and result["fp8_dx"] < 1e-5, result
 
 
 @pytest.mark.parametrize(
