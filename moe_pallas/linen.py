@@ -5,7 +5,8 @@ Its attributes are `MoEConfig`'s fields, taken from there (one definition of the
 options). Collections: "params" (same names, shapes, initialisers and `nn.Partitioned` "expert"
 annotations as the NNX layer), "moe_buffers" (the DeepSeek-V3 "correction_bias", not trained;
 pass `mutable=["moe_buffers"]` to `update_correction_bias`), "intermediates" (the sown aux
-values).
+values). "w_gate_up" / "w_down" may be replaced by `moe_pallas.QuantizedWeight`s of the same
+logical shapes (forward and gradients of x, as in the NNX layer).
 """
 
 import dataclasses
@@ -14,14 +15,32 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from moe_pallas import quant
 from moe_pallas.layer import AUX_NAMES, MoEConfig, corrected_bias, moe_apply
+
+
+def _param(self, name: str, shape, init, names):
+    """The "params" entry `name`. Expert weights stored quantised (`moe_pallas.quantize_experts`,
+    `load_experts(..., dequantize=False)`) put into the collection by the caller are used as
+    stored, forward only, as in the NNX layer; `self.param` would compare their stored arrays'
+    shapes with the dense initialiser's."""
+    if self.has_variable("params", name):
+        stored = self.get_variable("params", name)
+        if quant.is_quantized(stored):
+            if stored.shape != tuple(shape):
+                raise ValueError(
+                    f'params["{name}"] is a quantised weight of logical shape {stored.shape}; '
+                    f"this layer's is {tuple(shape)}: quantise weights of the layer's shapes."
+                )
+            return stored
+    return self.param(name, nn.with_partitioning(init, names), shape, self.param_dtype)
 
 
 def _setup(self):
     config = MoEConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(MoEConfig)})
     self.config = config
     self.weights = {
-        name: self.param(name, nn.with_partitioning(init, names), shape, self.param_dtype)
+        name: _param(self, name, shape, init, names)
         for name, (shape, init, names) in config.param_specs().items()
     }
     if config.router == "sigmoid_group_topk":

@@ -434,5 +434,33 @@ def test_linen_matches_nnx(name):
         )
 
 
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
+def test_linen_takes_quantised_expert_weights(fmt):
+    """Quantised experts put into the Linen layer's "params" run as stored: the output equals the
+    NNX layer's on the same stored weights and the Linen layer's on their dequantised copy, and
+    dx flows; a quantised weight of another logical shape is refused by name."""
+    hidden = inter = 64  # mxfp4 needs K % 64 == 0
+    module = moe_linen.MoE(hidden, inter, E, 2, activation="gptoss", expert_bias=True)
+    x = jax.random.normal(jax.random.key(21), (5, hidden), jnp.bfloat16)
+    params = nn.unbox(module.init(jax.random.key(22), x)["params"])
+    names = ("w_gate_up", "w_down")
+    stored = moe_pallas.quantize_experts({n: params[n] for n in names}, fmt)
+    y = module.apply({"params": {**params, **stored}}, x)
+    dense = moe_pallas.dequantize_experts(stored, jnp.float32)
+    assert rel_err(y, module.apply({"params": {**params, **dense}}, x)) < 1e-2
+    layer = MoE(hidden, inter, E, 2, activation="gptoss", expert_bias=True, rngs=nnx.Rngs(0))
+    for key, value in params.items():
+        getattr(layer, key)[...] = value
+    moe_pallas.set_expert_params(
+        layer, {**stored, "b_gate_up": params["b_gate_up"], "b_down": params["b_down"]}
+    )
+    assert rel_err(y, layer(x)) < 1e-6
+    dx = jax.grad(lambda x: jnp.sum(module.apply({"params": {**params, **stored}}, x) ** 2))(x)
+    assert dx.shape == x.shape and bool(jnp.all(jnp.isfinite(dx)))
+    wrong = moe_pallas.quantize_experts({"w_down": params["w_down"][:, :, :32]}, fmt)
+    with pytest.raises(ValueError, match=r'params\["w_down"\] is a quantised weight'):
+        module.apply({"params": {**params, **stored, **wrong}}, x)
+
+
 def test_public_names():
     assert moe_pallas.MoE is MoE
