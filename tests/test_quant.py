@@ -210,6 +210,44 @@ def test_fp8_gmm_keeps_rows_outside_float16s_range(fmt):
         assert np.linalg.norm(got[r] - want[r]) <= 1e-5 * np.linalg.norm(want[r]), r
 
 
+@pytest.mark.parametrize("per_column,paired", [(False, False), (True, False), (False, True)])
+def test_fp8_block_scale_folded_into_64_row_tiles(per_column, paired, monkeypatch):
+    """fp8_block on a 64-row tile multiplies each float16 weight by its float16 block scale
+    (normalised per column by a power of two, restored after the K loop): scales spread over
+    2^±20 between column blocks (or columns) and 2^-20..1 between K blocks of a column, and x
+    rows at 2^±60, still give each row within 2e-3 of the float64 oracle (two float16
+    roundings a weight, under bf16's); the float32 partial-dot path (the 16- and 32-row tiles)
+    gives other bits on the same tile. paired: the byte-pair view, forced at this size."""
+    if paired:
+        monkeypatch.setattr(gmm_quant_module, "PAIRED_MIN_ELEMENTS", 0)
+    rng = np.random.default_rng()
+    e, k, n = 2, 320, 192  # 3 K blocks (the last 64 deep), 2 column blocks (the last 64 wide)
+    w = jnp.asarray(rng.standard_normal((e, k, n)) / np.sqrt(k), jnp.bfloat16)
+    qw = quant.quantize_weight(w, "fp8_block")
+    scales = np.asarray(qw.scales, np.float64)
+    if per_column:  # the loader's [E, K/128, N] form
+        scales = np.repeat(scales, 128, axis=2)[:, :, :n]
+    spread = 2.0 ** rng.integers(-20, 21, (e, 1, scales.shape[2]))
+    spread = spread * 2.0 ** rng.uniform(-20, 0, (e, scales.shape[1], scales.shape[2]))
+    qw = dataclasses.replace(qw, scales=jnp.asarray(scales * spread, jnp.float32))
+    x = rng.standard_normal((80, k))
+    x[3] *= 2.0**60
+    x[70] *= 2.0**-60
+    x = jnp.asarray(x, jnp.bfloat16)
+    sizes = jnp.array([70, 10], jnp.int32)
+    cfg = BlockConfig(block_m=64, block_n=32, block_k=64)
+    run = lambda: np.asarray(gmm_quant(x, qw, sizes, out_dtype=jnp.float32, config=cfg))
+    folded = run()
+    monkeypatch.setattr(gmm_quant_module, "FOLD_MIN_ROWS", 10**9)
+    unfolded = run()
+    want = gmm_oracle(x, qw.dequantize(jnp.float32), [70, 10], np.zeros((e, n)), None, np.ones(80))
+    assert np.isfinite(folded).all() and not np.array_equal(folded, unfolded)
+    for r in range(80):
+        norm = np.linalg.norm(want[r])
+        assert np.linalg.norm(folded[r] - want[r]) <= 2e-3 * norm, r
+        assert np.linalg.norm(unfolded[r] - want[r]) <= 1e-5 * norm, r
+
+
 @pytest.mark.parametrize(
     "fmt,activation,implementation,token_counts",
     [

@@ -7,12 +7,21 @@ for fp8, half a byte for mxfp4) and become lhs's dtype in registers; accumulatio
 Each format puts its scale where it costs least:
   - "fp8": the scale is per output column and commutes with the K sum, so the accumulator is
     multiplied once after the K loop: acc[m, n] · s[n], not each weight element.
-  - "fp8_block": the scale is constant over each 128-row K block; block_k divides 128, so each
-    K step's partial dot is scaled: acc += dot(x, q) · s[k0 // 128, n]. [E, K/128, N/128]
-    scales are read in place, column n's from block n // 128 (a gather of a few words a step),
-    so a tile needs no alignment to the 128-column blocks (SwiGLU's up half starts at column I)
-    and no per-call widening to [E, K/128, N] (1/32 of the fp8 bytes, written each call);
-    [E, K/128, N] per-column scales (the loader's form) are read as they are.
+  - "fp8_block": the scale is constant over each 128-row K block and block_k divides 128. Each
+    column's scales are first divided by a power of two p[n] (`_column_powers`: its largest
+    lands in [1/2, 1), exactly), which multiplies the accumulator after the K loop. On tiles of
+    at least FOLD_MIN_ROWS rows (the wgmma tiles, whose weight operand goes through shared memory
+    anyway) the normalised scale multiplies the float16 weights, q · s'[k0 // 128, n], and the
+    dots accumulate in place: a float16 rounding of the scale and of each product (2^-11
+    relative, under bf16's 2^-8), for no float32 multiply of the accumulator per K step, which
+    also kept wgmma from running ahead (offline SASS, 64 x 128 x 64 GLU: 352 -> 217
+    instructions a thread; the normalisation keeps the products in float16's range whatever
+    the scales' magnitude). Shorter tiles, whose accumulators are small, scale each step's
+    partial dot in float32: acc += dot(x, q) · s'[k0 // 128, n]. [E, K/128, N/128] scales are
+    read in place, column n's from block n // 128 (a gather of a few words a step), so a tile
+    needs no alignment to the 128-column blocks (SwiGLU's up half starts at column I) and no
+    per-call widening to [E, K/128, N] (1/32 of the fp8 bytes, written each call); [E, K/128,
+    N] per-column scales (the loader's form) are read as they are.
   - "mxfp4": a scale per 32 values of K: each sub-block of 32 bytes of K, r0.., holds
     k = r0..r0+31 (the low half's codes) and k = K/2 + r0.. (the high half's), 8 codes to a
     32-bit word (`mx_words.MX_WORD_BITS`); read as uint16 byte pairs, each word decodes to bf16
@@ -23,9 +32,10 @@ Each format puts its scale where it costs least:
     acc += dot(x[:, k_lo], lo · 2^(s_lo − 127)) + dot(x[:, k_hi], hi · 2^(s_hi − 127)).
     A loop step takes block_k / 64 sub-blocks (more weight bytes in flight per step); K is a
     multiple of 64, so there is no K tail.
-Every scale product is exact (mxfp4's in bf16, `_e2m1`) or one float32 multiply of a float32
-partial sum, so the result equals the float32-accumulated product with the exactly decoded
-weights up to float32 summation order.
+Every other scale product is exact (mxfp4's in bf16, `_e2m1`) or one float32 multiply of a
+float32 partial sum, so the result equals the float32-accumulated product with the exactly
+decoded weights up to float32 summation order (fp8_block's folded tiles: up to the two float16
+roundings a weight).
 fp8 weights multiply in float16, where e4m3 decodes in one hardware conversion per two values
 (`_e4m3_f16`); a bf16 lhs enters as float16 with a power of two per row (`_f16_rows`: bf16's 8
 significant bits fit float16's 11, the power keeps each row in float16's range), restored on the
@@ -74,6 +84,9 @@ MX_BLOCK = 32
 # Byte arrays from this many elements (an offset past int32) up to 2^32 bytes are read as
 # uint16 pairs (module docstring, Offsets).
 PAIRED_MIN_ELEMENTS = 2**31 + 1
+# fp8_block tiles of at least this many rows fold the block scale into the weights (Math:
+# fp8_block): the wgmma tiles, whose weight operand goes through shared memory anyway.
+FOLD_MIN_ROWS = 64
 
 
 def _byte_pairs(values):
@@ -145,11 +158,25 @@ def _f16_rows(lhs):
     the dot of such a row equals the bf16 one up to terms under 2^-28 of its largest product.
     Rows of zeros, infinities or NaN keep p = 1."""
     x = lhs.astype(jnp.float32)
-    amax = jnp.max(jnp.abs(x), axis=1)
+    p = _power_above(jnp.max(jnp.abs(x), axis=1), -15)
+    return (x / p[:, None]).astype(jnp.float16), p
+
+
+def _power_above(amax, shift: int):
+    """2^(e + shift) with e the exponent of amax (frexp: amax < 2^e), 1 where amax is 0, infinite
+    or NaN."""
     ok = jnp.isfinite(amax) & (amax > 0)
     _, e = jnp.frexp(jnp.where(ok, amax, 1.0))
-    p = jnp.where(ok, jnp.ldexp(jnp.ones_like(amax), e - 15), 1.0)
-    return (x / p[:, None]).astype(jnp.float16), p
+    return jnp.where(ok, jnp.ldexp(jnp.ones_like(amax), e + shift), 1.0)
+
+
+def _column_powers(scales):
+    """fp8_block scales [E, K/128, C] (C: column blocks, or columns) -> (scales / p, p): p [E, C]
+    the power of two 2^e with e the exponent of the column's largest magnitude over K (frexp), so
+    each column's normalised scales lie below 1, its largest at least 1/2 (exact: a power of two
+    divides them). Columns of zeros, infinities or NaN keep p = 1."""
+    p = _power_above(jnp.max(jnp.abs(scales), axis=1), 0)
+    return scales / p[:, None, :], p
 
 
 # e2m1 -> bf16 by bit placement: a code's exponent and mantissa bits (E1 E0 M) in bf16's lowest
@@ -259,6 +286,7 @@ def _kernel(
     row_index_ref = next(it) if gather else None
     lhs_ref, values_ref, scales_ref = next(it), next(it), next(it)
     lhs_scale_ref = next(it) if f16_rows else None
+    col_power_ref = next(it) if fmt == "fp8_block" else None
     bias_ref = next(it) if has_bias else None
     row_scale_ref = next(it) if has_row_scale else None
     out_ref = next(it)
@@ -403,17 +431,23 @@ def _kernel(
                     q = load_values(c0, width, valid, k0, bk, k_mask)
                     terms = [(a, _e4m3_f16(q).astype(compute_dtype))]
                 if fmt == "fp8_block":
-                    d = functools.reduce(
-                        jnp.add, (plgpu.dot(a_t, w_t, trans_b=True) for a_t, w_t in terms)
-                    )
                     col_scales = pl.ds(c0, width)
                     if block_cols:  # column n's scale is its block's, n // 128, read in place
                         col_scales = (c0 + jnp.arange(width, dtype=jnp.int32)) // FP8_BLOCK
-                    block_scales = scales_ref.at[g, k0 // FP8_BLOCK, col_scales]
-                    new[c] = new[c] + d * _load(block_scales, col_mask(width, valid))[None, :]
-                else:  # each dot accumulates in place (Triton folds acc + dot into the mma)
-                    for a_t, w_t in terms:
-                        new[c] = new[c] + plgpu.dot(a_t, w_t, trans_b=True)
+                    block_scales = _load(
+                        scales_ref.at[g, k0 // FP8_BLOCK, col_scales], col_mask(width, valid)
+                    )
+                    if h < FOLD_MIN_ROWS:  # the step's partial dot scaled in float32
+                        d = functools.reduce(
+                            jnp.add, (plgpu.dot(a_t, w_t, trans_b=True) for a_t, w_t in terms)
+                        )
+                        new[c] = new[c] + d * block_scales[None, :]
+                        continue
+                    # the scale folded into the weights (Math: fp8_block), dots in place
+                    s_w = block_scales.astype(compute_dtype)[:, None]
+                    terms = [(a_t, w_t * s_w) for a_t, w_t in terms]
+                for a_t, w_t in terms:  # each dot accumulates in place (one mma chain)
+                    new[c] = new[c] + plgpu.dot(a_t, w_t, trans_b=True)
             return tuple(new)
 
         accs = tuple(jnp.zeros((h, width), jnp.float32) for _, width, _ in blocks)
@@ -440,6 +474,11 @@ def _kernel(
                 acc = acc * p_rows[:, None]
             if fmt == "fp8":
                 acc = acc * _load(scales_ref.at[g, cols], mask)[None, :]
+            if fmt == "fp8_block":  # the columns' powers of two (`_column_powers`)
+                power_cols = cols
+                if block_cols:
+                    power_cols = (cols.start + jnp.arange(cols.size, dtype=jnp.int32)) // FP8_BLOCK
+                acc = acc * _load(col_power_ref.at[g, power_cols], mask)[None, :]
             if has_bias:
                 acc = acc + _load(bias_ref.at[g, cols], mask).astype(jnp.float32)[None, :]
             return acc
@@ -544,7 +583,12 @@ def gmm_quant(
         lhs, lhs_scale = _f16_rows(lhs)
     if paired:  # x's even columns, then its odd ones (module docstring, Offsets)
         lhs = jnp.concatenate([lhs[:, 0::2], lhs[:, 1::2]], axis=1)
-    operands += [lhs, values, scales, *([lhs_scale] if f16_rows else [])]
+    operands += [lhs, values]
+    if fmt == "fp8_block":  # normalised per column (Math: fp8_block), the powers to the epilogue
+        scales, col_power = _column_powers(scales)
+        operands += [scales, *([lhs_scale] if f16_rows else []), col_power]
+    else:
+        operands += [scales, *([lhs_scale] if f16_rows else [])]
     if bias is not None:
         operands.append(bias)
     if row_scale is not None:
