@@ -23,9 +23,9 @@ With --weights fp8 or mxfp4 the expert weights are quantised (`quant.quantize_we
 forward kernels (gmm, gmm_glu) run `kernels.gmm_quant`; the entries are keyed by the stored element
 type ("float8_e4m3fn", which fp8_block shares, or "float4_e2m1fn"). Their candidates are tiles that
 compile for sm_90 without register spills in every format: the in-register decode raises register
-pressure, and fp8_block's block scales spill its 128 x 128 GLU, 128 x 256 plain and 256-row tiles
-in the K loop (`python -m benchmarks.sass`; the survey is in docs/decisions.md, Low-precision
-weights). mxfp4's large class adds 128- and 256-row tiles of its own (`MXFP4_LARGE`).
+pressure (`python -m benchmarks.sass` counts the K loop's spills; the survey is in
+docs/decisions.md, Low-precision weights). The large class adds 128- and 256-row tiles
+(`QUANT_LARGE`).
 """
 
 import argparse
@@ -131,12 +131,12 @@ QUANT_CANDIDATES = {
     "small": _QUANT_ROWS,
     "large": _QUANT_ROWS,
 }
-# mxfp4's compute-bound tiles besides those: a decoded weight value serves 128 or 256 rows, and its
-# decode keeps no float32 scaling on the accumulator, so these compile without spills for mxfp4
-# (`benchmarks.sass --weights mxfp4`: 0.031-0.046 K-loop instructions a thread per 1000
-# multiply-adds, against 0.080-0.092 at the 64-row tiles); fp8_block spills at 256 rows and shares
-# fp8's entries, so they are mxfp4's alone.
-MXFP4_LARGE = {
+# The large class's compute-bound tiles besides those, for every format: a decoded weight value
+# serves 128 or 256 rows, and neither mxfp4's decode nor fp8_block's (their scales folded into the
+# weights) scales the float32 accumulator each step, so these compile without spills
+# (`benchmarks.sass`: mxfp4 0.031-0.046 K-loop instructions a thread per 1000 multiply-adds, against
+# 0.080-0.092 at the 64-row tiles).
+QUANT_LARGE = {
     "gmm": [
         C(256, 128, 64, 8, 8, 3),
         C(256, 128, 64, 8, 8, 4),
@@ -278,7 +278,7 @@ def _candidates(
                 "quantised weights are tuned for gmm and gmm_glu (--kernels gmm gmm_glu, without "
                 "--around-table)."
             )
-        extra = MXFP4_LARGE[kernel] if (weights, cls) == ("mxfp4", "large") else []
+        extra = QUANT_LARGE[kernel] if cls == "large" else []
         return [*QUANT_CANDIDATES[cls][kernel], *extra]
     seed = table_config(kernel, cls, device, path=path) if around_table else None
     if seed is not None:  # the table's entry, its bucketed-M and tail_m variants (gmm kernels)

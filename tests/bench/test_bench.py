@@ -492,13 +492,16 @@ def test_autotune_quantised_weights_writes_entries_of_their_element_type(tmp_pat
         autotune_gmm._candidates("gmm", "small", around_table=True, weights="fp8")
     tiny = autotune_gmm._candidates("gmm_glu", "tiny", weights="mxfp4")
     assert tiny and all(c.block_m == 16 for c in tiny)
-    for kernel in ("gmm", "gmm_glu"):  # 256-row tiles for mxfp4's large class only
+    for kernel in ("gmm", "gmm_glu"):  # 256-row tiles for the large class only
         rows = {
             (w, cls): {c.block_m for c in autotune_gmm._candidates(kernel, cls, weights=w)}
             for w in ("fp8", "mxfp4")
             for cls in ("small", "large")
         }
-        assert [key for key, ms in rows.items() if 256 in ms] == [("mxfp4", "large")]
+        assert [key for key, ms in rows.items() if 256 in ms] == [
+            ("fp8", "large"),
+            ("mxfp4", "large"),
+        ]
 
 
 def test_autotune_seeds_from_the_table_and_keeps_every_field(tmp_path):
