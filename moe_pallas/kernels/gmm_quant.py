@@ -320,6 +320,13 @@ def _kernel(
     def col_mask(width, valid):
         return None if valid is None else jnp.arange(width, dtype=jnp.int32) < valid
 
+    def block_scale_cols(c0, width):
+        """fp8_block: where the scales of columns c0.. are (their block's, n // 128, read in
+        place from [E, K/128, N/128] scales; their own in the per-column form)."""
+        if block_cols:
+            return (c0 + jnp.arange(width, dtype=jnp.int32)) // FP8_BLOCK
+        return pl.ds(c0, width)
+
     def load_values(c0, width, valid, k0, depth, k_mask=None):
         """A weight tile of the N-major values [E, N, K] (mxfp4: [E, N, K/4] uint16 byte pairs;
         fp8's paired view: [E, N, K/2] uint16): [width, depth] from column c0 and K index k0
@@ -431,11 +438,9 @@ def _kernel(
                     q = load_values(c0, width, valid, k0, bk, k_mask)
                     terms = [(a, _e4m3_f16(q).astype(compute_dtype))]
                 if fmt == "fp8_block":
-                    col_scales = pl.ds(c0, width)
-                    if block_cols:  # column n's scale is its block's, n // 128, read in place
-                        col_scales = (c0 + jnp.arange(width, dtype=jnp.int32)) // FP8_BLOCK
                     block_scales = _load(
-                        scales_ref.at[g, k0 // FP8_BLOCK, col_scales], col_mask(width, valid)
+                        scales_ref.at[g, k0 // FP8_BLOCK, block_scale_cols(c0, width)],
+                        col_mask(width, valid),
                     )
                     if h < FOLD_MIN_ROWS:  # the step's partial dot scaled in float32
                         d = functools.reduce(
@@ -475,10 +480,8 @@ def _kernel(
             if fmt == "fp8":
                 acc = acc * _load(scales_ref.at[g, cols], mask)[None, :]
             if fmt == "fp8_block":  # the columns' powers of two (`_column_powers`)
-                power_cols = cols
-                if block_cols:
-                    power_cols = (cols.start + jnp.arange(cols.size, dtype=jnp.int32)) // FP8_BLOCK
-                acc = acc * _load(col_power_ref.at[g, power_cols], mask)[None, :]
+                powers = col_power_ref.at[g, block_scale_cols(cols.start, cols.size)]
+                acc = acc * _load(powers, mask)[None, :]
             if has_bias:
                 acc = acc + _load(bias_ref.at[g, cols], mask).astype(jnp.float32)[None, :]
             return acc
@@ -583,12 +586,11 @@ def gmm_quant(
         lhs, lhs_scale = _f16_rows(lhs)
     if paired:  # x's even columns, then its odd ones (module docstring, Offsets)
         lhs = jnp.concatenate([lhs[:, 0::2], lhs[:, 1::2]], axis=1)
-    operands += [lhs, values]
+    col_power = []
     if fmt == "fp8_block":  # normalised per column (Math: fp8_block), the powers to the epilogue
-        scales, col_power = _column_powers(scales)
-        operands += [scales, *([lhs_scale] if f16_rows else []), col_power]
-    else:
-        operands += [scales, *([lhs_scale] if f16_rows else [])]
+        scales, power = _column_powers(scales)
+        col_power = [power]
+    operands += [lhs, values, scales, *([lhs_scale] if f16_rows else []), *col_power]
     if bias is not None:
         operands.append(bias)
     if row_scale is not None:
