@@ -648,6 +648,9 @@ IMPLS: dict[str, Callable[[Case, dict], Prepared]] = {
 # only one of them that times kernels while compiling. The line (it times its variants), torch (it
 # runs a step) and jax.lax.ragged_dot (its dense XLA dot is autotuned too) are prepared alone.
 COMPILE_AHEAD = frozenset(
-    (*OURS, *(f"moe_pallas:auto+{fmt}" for fmt in QUANT_FORMATS), "tokamax")
-    + tuple(f"tokamax+{fmt}" for fmt in QUANT_FORMATS)
+    [
+        *OURS,
+        "tokamax",
+        *(f"{impl}+{fmt}" for impl in ("moe_pallas:auto", "tokamax") for fmt in QUANT_FORMATS),
+    ]
 )
