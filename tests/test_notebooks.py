@@ -33,7 +33,7 @@ def execute(path: Path):
 
 
 def test_notebooks_exist():
-    assert {p.name[:2] for p in NOTEBOOKS} == {"01", "02", "03", "04"}
+    assert {p.name[:2] for p in NOTEBOOKS} == {"01", "02", "03", "04", "05"}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
