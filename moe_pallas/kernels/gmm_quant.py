@@ -7,17 +7,18 @@ for fp8, half a byte for mxfp4) and become lhs's dtype in registers; accumulatio
 Each format puts its scale where it costs least:
   - "fp8": the scale is per output column and commutes with the K sum, so the accumulator is
     multiplied once after the K loop: acc[m, n] · s[n], not each weight element.
-  - "fp8_block": the scale is constant over each 128-row K block and block_k divides 128. Each
-    column's scales are first divided by a power of two p[n] (`_column_powers`: its largest
-    lands in [1/2, 1), exactly), which multiplies the accumulator after the K loop. On tiles of
-    at least FOLD_MIN_ROWS rows (the wgmma tiles, whose weight operand goes through shared memory
-    anyway) the normalised scale multiplies the float16 weights, q · s'[k0 // 128, n], and the
-    dots accumulate in place: a float16 rounding of the scale and of each product (2^-11
-    relative, under bf16's 2^-8), for no float32 multiply of the accumulator per K step, which
-    also kept wgmma from running ahead (offline SASS, 64 x 128 x 64 GLU: 352 -> 217
-    instructions a thread; the normalisation keeps the products in float16's range whatever
-    the scales' magnitude). Shorter tiles, whose accumulators are small, scale each step's
-    partial dot in float32: acc += dot(x, q) · s'[k0 // 128, n]. [E, K/128, N/128] scales are
+  - "fp8_block": the scale is constant over each 128-row K block and block_k divides 128. On
+    tiles of at least FOLD_MIN_ROWS rows (the wgmma tiles, whose weight operand goes through
+    shared memory anyway) the scale multiplies the float16 weights, q · s'[k0 // 128, n], and
+    the dots accumulate in place: s' is the scale divided by a power of two per column
+    (`_column_powers`: the column's largest lands in [1/2, 1), exactly, which keeps the
+    products in float16's range whatever the scales' magnitude), the power multiplies the
+    accumulator after the K loop, and each product carries a float16 rounding of the scale and
+    of itself (2^-11 relative, under bf16's 2^-8), for no float32 multiply of the accumulator
+    per K step, which also kept wgmma from running ahead (offline SASS, 64 x 128 x 64 GLU:
+    352 -> 217 instructions a thread). Shorter tiles, whose accumulators are small, scale each
+    step's partial dot in float32: acc += dot(x, q) · s[k0 // 128, n] (s' in a call that also
+    has tall tiles; decode-sized calls read the scales as stored). [E, K/128, N/128] scales are
     read in place, column n's from block n // 128 (a gather of a few words a step), so a tile
     needs no alignment to the 128-column blocks (SwiGLU's up half starts at column I) and no
     per-call widening to [E, K/128, N] (1/32 of the fp8 bytes, written each call); [E, K/128,
@@ -280,13 +281,14 @@ def _kernel(
     paired: bool,
     f16_rows: bool,
     block_cols: bool,
+    folded: bool,
 ):
     it = iter(refs)
     group_ref, m_start_ref, row_end_ref = (next(it) for _ in range(3))
     row_index_ref = next(it) if gather else None
     lhs_ref, values_ref, scales_ref = next(it), next(it), next(it)
     lhs_scale_ref = next(it) if f16_rows else None
-    col_power_ref = next(it) if fmt == "fp8_block" else None
+    col_power_ref = next(it) if folded else None
     bias_ref = next(it) if has_bias else None
     row_scale_ref = next(it) if has_row_scale else None
     out_ref = next(it)
@@ -479,7 +481,7 @@ def _kernel(
                 acc = acc * p_rows[:, None]
             if fmt == "fp8":
                 acc = acc * _load(scales_ref.at[g, cols], mask)[None, :]
-            if fmt == "fp8_block":  # the columns' powers of two (`_column_powers`)
+            if folded:  # the columns' powers of two (`_column_powers`)
                 powers = col_power_ref.at[g, block_scale_cols(cols.start, cols.size)]
                 acc = acc * _load(powers, mask)[None, :]
             if has_bias:
@@ -586,8 +588,12 @@ def gmm_quant(
         lhs, lhs_scale = _f16_rows(lhs)
     if paired:  # x's even columns, then its odd ones (module docstring, Offsets)
         lhs = jnp.concatenate([lhs[:, 0::2], lhs[:, 1::2]], axis=1)
+    # fp8_block with a tile path of FOLD_MIN_ROWS rows: the scales normalised per column (Math:
+    # fp8_block), the powers to the epilogue; decode-sized calls (16-row tiles) take them as
+    # stored, with no XLA pass over them per call.
+    folded = fmt == "fp8_block" and cfg.block_m >= FOLD_MIN_ROWS
     col_power = []
-    if fmt == "fp8_block":  # normalised per column (Math: fp8_block), the powers to the epilogue
+    if folded:
         scales, power = _column_powers(scales)
         col_power = [power]
     operands += [lhs, values, scales, *([lhs_scale] if f16_rows else []), *col_power]
@@ -611,6 +617,7 @@ def gmm_quant(
         paired=paired,
         f16_rows=f16_rows,
         block_cols=block_cols,
+        folded=folded,
     )
     return pl.pallas_call(
         kernel,
