@@ -14,7 +14,10 @@ IMPLS=moe_pallas:auto,cublas_line,tokamax,torch._grouped_mm
 OURS_Q=moe_pallas:auto+fp8,moe_pallas:auto+fp8_block,moe_pallas:auto+mxfp4
 PEERS_Q=tokamax+fp8,tokamax+fp8_block,tokamax+mxfp4
 PY=${PYTHON:-python3}
-run() { "$PY" -m benchmarks.run --out "$OUT" --time-limit 540 --compile-workers 8 "$@"; }
+# A case's compile-only implementations compile in COMPILE_WORKERS threads (1: one after another).
+run() {
+  "$PY" -m benchmarks.run --out "$OUT" --time-limit 540 --compile-workers "${COMPILE_WORKERS:-8}" "$@"
+}
 case "${1:-}" in
   1) run --suite gptoss --impls "$IMPLS,$OURS_Q" ;;
   2) run --suite swiglu256 --impls "$IMPLS,$OURS_Q" --append ;;
