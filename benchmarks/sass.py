@@ -5,8 +5,9 @@
                               [--activation swiglu|gptoss] [--experts 128] [--keep DIR]
 
 The gmm (row scale, plain or with a GLU epilogue; `kernels.gmm` for bf16 weights,
-`kernels.gmm_quant` for the stored formats) at one tile config is lowered for an abstract H200 (`jax.sharding.use_abstract_mesh`,
-as `tests/test_lowering.py`), its Triton module captured from Pallas's lowering, compiled by
+`kernels.gmm_quant` for the stored formats) at one tile config is lowered for an abstract H200
+(`jax.sharding.use_abstract_mesh`, as `tests/test_lowering.py`), its Triton module captured from
+Pallas's lowering, compiled by
 upstream Triton (`pip install triton==3.6.0`, the GPU image's) for sm_90, and disassembled by the
 nvdisasm Triton ships. The loop printed is the one with the most instructions (a backward
 branch): the K loop. Per opcode (with its first modifier) its count, and the loop's total;

@@ -44,9 +44,11 @@ def emulated_ragged_all_to_all(
     return output.at[dst.reshape(-1)].set(received.reshape(-1, *operand.shape[1:]), mode="drop")
 
 
-def make_inputs(seed, T, E, k, dtype=jnp.float32, bias=False, invalid=0, hot=None):
+def make_inputs(
+    seed, T, E, k, dtype=jnp.float32, bias=False, invalid=0, hot=None, hidden=H, inter=I
+):
     ks = jax.random.split(jax.random.key(seed), 7)
-    x = jax.random.normal(ks[0], (T, H), jnp.float32)
+    x = jax.random.normal(ks[0], (T, hidden), jnp.float32)
     scores = jax.random.normal(ks[1], (T, E))
     idx = jax.lax.top_k(scores, k)[1].astype(jnp.int32)
     if hot is not None:  # the first slot of `hot` of the tokens goes to expert 0
@@ -55,12 +57,12 @@ def make_inputs(seed, T, E, k, dtype=jnp.float32, bias=False, invalid=0, hot=Non
         idx = idx.at[:invalid, -1].set(-1)
     w = jax.random.uniform(ks[2], (T, k), jnp.float32, 0.1, 1.0)
     params = {
-        "w_gate_up": jax.random.normal(ks[3], (E, H, 2 * I)) / H**0.5,
-        "w_down": jax.random.normal(ks[4], (E, I, H)) / I**0.5,
+        "w_gate_up": jax.random.normal(ks[3], (E, hidden, 2 * inter)) / hidden**0.5,
+        "w_down": jax.random.normal(ks[4], (E, inter, hidden)) / inter**0.5,
     }
     if bias:
-        params["b_gate_up"] = 0.1 * jax.random.normal(ks[5], (E, 2 * I))
-        params["b_down"] = 0.1 * jax.random.normal(ks[6], (E, H))
+        params["b_gate_up"] = 0.1 * jax.random.normal(ks[5], (E, 2 * inter))
+        params["b_down"] = 0.1 * jax.random.normal(ks[6], (E, hidden))
     params = {n: p.astype(dtype) for n, p in params.items()}
     return x.astype(dtype), idx, w, params
 
@@ -199,17 +201,8 @@ def quantized_case(fmt, implementation, seed):
     """Quantised expert weights (`quantize_experts`) split over a 4 x 2 mesh: forward and the
     gradients of x and the routing weights against the same weights on one device; gradients
     of the weights are refused with the single-device error. H = I = 64 (mxfp4: K % 64 == 0)."""
-    ks = jax.random.split(jax.random.key(seed), 6)
-    h, inter, num_experts, tokens, top_k = 64, 64, 16, 29, 4
-    x = jax.random.normal(ks[0], (tokens, h)).astype(jnp.bfloat16)
-    idx = jax.lax.top_k(jax.random.normal(ks[1], (tokens, num_experts)), top_k)[1]
-    w = jax.random.uniform(ks[2], (tokens, top_k), jnp.float32, 0.1, 1.0)
-    dense = {
-        "w_gate_up": jax.random.normal(ks[3], (num_experts, h, 2 * inter)) / 8,
-        "w_down": jax.random.normal(ks[4], (num_experts, inter, h)) / 8,
-        "b_gate_up": 0.1 * jax.random.normal(ks[5], (num_experts, 2 * inter)),
-    }
-    params = moe_pallas.quantize_experts(jax.tree.map(lambda p: p.astype(x.dtype), dense), fmt)
+    x, idx, w, dense = make_inputs(seed, 29, 16, 4, jnp.bfloat16, bias=True, hidden=64, inter=64)
+    params = moe_pallas.quantize_experts(dense, fmt)
     single = partial(moe_pallas.moe_experts, activation="gptoss", implementation=implementation)
     ep = partial(single, mesh=moe_pallas.expert_mesh(4, 2), exchange="all_to_all")
     cot = jax.random.normal(jax.random.key(99), x.shape).astype(x.dtype)
