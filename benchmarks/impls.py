@@ -192,7 +192,9 @@ def read_bandwidth() -> float:
 def _quantized_params(case: Case, inputs: dict, fmt: str) -> dict:
     if case.mode != "fwd":
         raise Skip("not implemented: quantised weights run forward layer cases only")
-    return jax.jit(lambda p: moe_pallas.quantize_experts(p, fmt))(inputs["params"])
+    # eagerly, so that mxfp4's scale bound is known (`QuantizedWeight.small_scales`), as after
+    # load_experts
+    return moe_pallas.quantize_experts(inputs["params"], fmt)
 
 
 FLOOR = "weight-read floor "

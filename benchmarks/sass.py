@@ -2,7 +2,8 @@
 
     python -m benchmarks.sass [--weights bf16|fp8|fp8_block|mxfp4] [--rows 16] [--block-n 64]
                               [--block-k 128] [--warps 4] [--stages 3] [--k 2880] [--n 2880]
-                              [--activation swiglu|gptoss] [--experts 128] [--keep DIR]
+                              [--activation swiglu|gptoss] [--experts 128] [--large-scales]
+                              [--keep DIR]
 
 The gmm (row scale, plain or with a GLU epilogue; `kernels.gmm` for bf16 weights,
 `kernels.gmm_quant` for the stored formats) at one tile config is lowered for an abstract H200
@@ -22,6 +23,7 @@ differently from upstream's.
 
 import argparse
 import collections
+import dataclasses
 import re
 import subprocess
 import sys
@@ -94,6 +96,7 @@ def triton_module(args) -> str:
         w = sds((e, k, n), jnp.bfloat16)
     else:
         stored = quant.quantize_weight(jnp.zeros((1, k, n), jnp.bfloat16), args.weights)
+        stored = dataclasses.replace(stored, small_scales=not args.large_scales)
         w = jax.tree.map(lambda a: sds((e, *a.shape[1:]), a.dtype), stored)
         fn = lambda lhs, sizes, w, scale: gmm_quant(
             lhs, w, sizes, row_scale=scale, activation=act, config=cfg
@@ -171,6 +174,11 @@ def main(argv=None) -> int:
     parser.add_argument("--k", type=int, default=2880)
     parser.add_argument("--n", type=int, default=2880)
     parser.add_argument("--experts", type=int, default=128)
+    parser.add_argument(
+        "--large-scales",
+        action="store_true",
+        help="mxfp4: the decode of scale codes above 128 (two multiplies a pair, not one)",
+    )
     parser.add_argument("--keep", type=Path, help="write the IR, PTX, cubin and SASS here")
     args = parser.parse_args(argv)
     keep = args.keep or Path(tempfile.mkdtemp(prefix="moe_pallas_sass_"))

@@ -3,7 +3,8 @@
 Inside the context (at trace time: enable it before jit traces your step), `moe_experts` and
 `ragged_dot` check their data on the device and raise, through `jax.debug.callback`, a ValueError
 naming the argument when expert ids fall outside [0, E), routing weights or tokens are not finite,
-or group sizes are negative or do not sum to at most the row count.
+group sizes are negative or do not sum to at most the row count, or an mxfp4 weight claims
+`small_scales` that its scales exceed.
 
 Under `jit` JAX (0.11.2) does not re-raise an exception of a host callback: the step raises
 `jax.errors.JaxRuntimeError` ("INTERNAL: CpuCallback error calling callback: ...", the
@@ -21,6 +22,8 @@ import threading
 
 import jax
 import numpy as np
+
+from moe_pallas.quant import MX_SMALL_CODE
 
 _state = threading.local()
 # The last check that failed, read by `debug_checks` when the step's JaxRuntimeError leaves it.
@@ -100,3 +103,20 @@ def check_group_sizes(group_sizes, num_rows: int) -> None:
         )
 
     jax.debug.callback(host_check, group_sizes)
+
+
+def check_scale_bound(name: str, w) -> None:
+    """Device-side check that a `QuantizedWeight` claiming `small_scales` has no scale code above
+    `quant.MX_SMALL_CODE` (no-op unless enabled, or for other weights)."""
+    if not enabled() or not getattr(w, "small_scales", False):
+        return
+
+    def host_check(scales):
+        top = int(np.max(scales)) if scales.size else 0
+        _raise_if(
+            top > MX_SMALL_CODE,
+            f"{name} has small_scales=True but scale codes up to {top} > {MX_SMALL_CODE}; build "
+            "it with small_scales=False, or through moe_pallas.quant.with_scale_bound.",
+        )
+
+    jax.debug.callback(host_check, w.scales)

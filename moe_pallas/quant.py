@@ -58,6 +58,8 @@ FORMATS: tuple[str, ...] = ("fp8", "fp8_block", "mxfp4")
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP8_BLOCK = 128  # block edge of "fp8_block" scales
 MX_BLOCK = 32  # values of K per "mxfp4" scale
+# The largest e8m0 code whose power 2^(code - 1) is a bf16 (`QuantizedWeight.small_scales`).
+MX_SMALL_CODE = 128
 # Experts quantised (and mxfp4 decoded) this many at a time: the float32 temporaries of a whole
 # SwiGLU-256 weight ([256, 4096, 4096]) took 48 GiB; a chunk's are a few hundred MiB.
 QUANTIZE_CHUNK = 8
@@ -71,12 +73,18 @@ class QuantizedWeight:
     """A `[E, K, N]` expert weight in a stored low-precision format (module docstring).
 
     values, scales: the stored arrays of `fmt`; fmt: "fp8" | "fp8_block" | "mxfp4" (static);
-    dtype: the logical dtype (static)."""
+    dtype: the logical dtype (static); small_scales (static, "mxfp4"): every scale code is at
+    most MX_SMALL_CODE, i.e. every scale at most 2 and |w| < 16 in every 32-value block, which
+    lets the kernel scale each decoded pair with one multiply instead of two
+    (`kernels.gmm_quant`). `quantize_experts` and `load_experts` set it where the scales are
+    concrete (not under `jit`; `with_scale_bound` sets it later); False is always correct, True
+    on larger codes gives wrong weights (`moe_pallas.debug_checks` catches that)."""
 
     values: jax.Array
     scales: jax.Array
     fmt: str = dataclasses.field(metadata={"static": True})
     dtype: jnp.dtype = dataclasses.field(metadata={"static": True})
+    small_scales: bool = dataclasses.field(default=False, metadata={"static": True})
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -111,6 +119,14 @@ class QuantizedWeight:
 
 def is_quantized(w) -> bool:
     return isinstance(w, QuantizedWeight)
+
+
+def with_scale_bound(w: QuantizedWeight) -> QuantizedWeight:
+    """w with `small_scales` set from its scales where they are concrete ("mxfp4"; a device
+    reduction and a host read); w unchanged under tracing or in another format."""
+    if w.fmt != "mxfp4" or isinstance(w.scales, jax.core.Tracer) or w.scales.size == 0:
+        return w
+    return dataclasses.replace(w, small_scales=bool(jnp.max(w.scales) <= MX_SMALL_CODE))
 
 
 def _check_fmt(fmt):
@@ -183,7 +199,7 @@ def quantize_weight(w: jax.Array, fmt: str) -> QuantizedWeight:
             f"mxfp4 packs K values as two halves of 32-value blocks: K={w.shape[1]} must be a "
             "multiple of 64 (gpt-oss's 2880 is); use fmt='fp8' for this weight."
         )
-    return _quantize(w, fmt)
+    return with_scale_bound(_quantize(w, fmt))
 
 
 @functools.partial(jax.jit, static_argnames="fmt")

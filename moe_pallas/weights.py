@@ -151,7 +151,9 @@ def _stored_mxfp4(tensors, prefix, name, shape, dtype) -> quant.QuantizedWeight:
             f"{name}_scales holds the NaN scale code {_E8M0_NAN}: the checkpoint is corrupt."
         )
     values, stored_scales = _mxfp4_stored(blocks, scales)
-    return quant.QuantizedWeight(values, stored_scales, "mxfp4", jnp.dtype(dtype))
+    return quant.with_scale_bound(
+        quant.QuantizedWeight(values, stored_scales, "mxfp4", jnp.dtype(dtype))
+    )
 
 
 def _load_gpt_oss(tensors, prefix, quantised_dtype, dequantize=True):

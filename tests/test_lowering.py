@@ -248,11 +248,14 @@ def test_mosaic_gpu_default_glu_config_lowers(activation):
         assert lower_for_h200(fn, *args).count("mosaic_gpu_v2") == 1, (rows, cfg)
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "fp8_block", "mxfp4"])
+@pytest.mark.parametrize(
+    "fmt,small_scales", [("fp8", False), ("fp8_block", False), ("mxfp4", False), ("mxfp4", True)]
+)
 @pytest.mark.parametrize("config", ["tiny", "small"])
-def test_quantised_gmm_lowers_to_triton(fmt, config):
+def test_quantised_gmm_lowers_to_triton(fmt, small_scales, config):
     """gmm_quant's formats at SwiGLU-256's gate_up size (fp8 values of 2^32 bytes: the byte-pair
-    view) with the GLU epilogue, at the 16-row and the 128-row table entries."""
+    view) with the GLU epilogue, at the 16-row and the 128-row table entries; mxfp4 with one and
+    with two scale multiplies."""
     from moe_pallas import quant
     from moe_pallas.kernels.config import BlockConfig
     from moe_pallas.kernels.gmm_quant import gmm_quant
@@ -272,7 +275,7 @@ def test_quantised_gmm_lowers_to_triton(fmt, config):
     tokens = 16 if config == "tiny" else 2048
 
     def glu_gmm(x, values, scales, sizes, row_token):
-        w = quant.QuantizedWeight(values, scales, fmt, jnp.bfloat16)
+        w = quant.QuantizedWeight(values, scales, fmt, jnp.bfloat16, small_scales)
         return gmm_quant(x, w, sizes, lhs_row_index=row_token, activation="swiglu", config=cfg)
 
     args = (

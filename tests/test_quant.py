@@ -172,6 +172,44 @@ def test_gmm_quant_matches_oracle(fmt, activation, paired, monkeypatch):
     np.testing.assert_array_equal(np.asarray(out[27:], np.float32), 0)
 
 
+def test_mxfp4_small_scales_one_multiply():
+    """mxfp4 weights whose scale codes are all at most 128 are marked `small_scales` by
+    quantize_weight and load_experts where the scales are concrete (not under jit), and not when
+    a code is larger; the kernel's one-multiply path on them gives the two-multiply path's bits
+    (both exact) on 16- and 64-row tiles, within bf16 rounding of the oracle; under debug_checks
+    a false claim is refused."""
+    from tests.test_weights import gpt_oss_mxfp4_tensors
+
+    rng = np.random.default_rng()
+    e, k, n = 2, 128, 96
+    w = jnp.asarray(rng.standard_normal((e, k, n)) / np.sqrt(k), jnp.bfloat16)
+    qw = quant.quantize_weight(w, "mxfp4")
+    assert qw.small_scales and int(jnp.max(qw.scales)) <= quant.MX_SMALL_CODE
+    big = quant.quantize_weight(w.at[1, 40, 7].set(20.0), "mxfp4")  # a block of |w| >= 16
+    assert not big.small_scales and int(jnp.max(big.scales)) > quant.MX_SMALL_CODE
+    traced = jax.jit(lambda w: quant.quantize_weight(w, "mxfp4"))(w)
+    assert not traced.small_scales and quant.with_scale_bound(traced).small_scales
+    for scale_range, small in (((112, 129), True), ((112, 132), False)):
+        tensors = gpt_oss_mxfp4_tensors(rng, scale_range=scale_range, inter=64)
+        stored = moe_pallas.load_experts(tensors, "gpt_oss", dequantize=False)
+        assert stored["w_gate_up"].small_scales == stored["w_down"].small_scales == small
+
+    x = jnp.asarray(rng.standard_normal((90, k)), jnp.bfloat16)
+    sizes = jnp.array([70, 20], jnp.int32)
+    want = gmm_oracle(x, qw.dequantize(jnp.float32), [70, 20], np.zeros((e, n)), None, np.ones(90))
+    for block_m in (16, 64):
+        cfg = BlockConfig(block_m=block_m, block_n=32, block_k=128, min_block_m=16)
+        one, two = (
+            np.asarray(gmm_quant(x, v, sizes, out_dtype=jnp.float32, config=cfg))
+            for v in (qw, dataclasses.replace(qw, small_scales=False))
+        )
+        np.testing.assert_array_equal(one, two)
+        assert rel_err(one, want) < 1e-5
+    false_claim = dataclasses.replace(big, small_scales=True)
+    with pytest.raises(ValueError, match="small_scales"), moe_pallas.debug_checks():
+        moe_pallas.ragged_dot(x, false_claim, sizes)
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_block"])
 def test_fp8_gmm_keeps_rows_outside_float16s_range(fmt):
     """fp8 weights multiply in float16, lhs rows scaled by a power of two each: rows of bf16
@@ -445,10 +483,11 @@ def _decode_words(asm: str, byte_values, *more: int) -> np.ndarray:
 @pytest.mark.parametrize("scale", [0, 1, 2, 100, 127, 128, 129, 200, 252])
 def test_e2m1_ptx_decodes_packed_codes(quarter, scale):
     """The GPU's inline PTX decode (text as compiled, emulated instruction by instruction) on words
-    packed by `mx_words.mxfp4_pack`, with e8m0 code `scale`'s two factors: each quarter's 2 values
-    of a word (L0 L1, L2 L3, H0 H1 or H2 H3) are their codes' e2m1 values times 2^(scale - 127)
-    in bf16, exactly, for every code at every position (and random words), bit for bit as the
-    interpret-mode decode where that keeps clear of subnormals; unpack inverts pack."""
+    packed by `mx_words.mxfp4_pack`, with e8m0 code `scale`'s two factors, and its one factor
+    where scale <= 128 (`small_scales`): each quarter's 2 values of a word (L0 L1, L2 L3, H0 H1
+    or H2 H3) are their codes' e2m1 values times 2^(scale - 127) in bf16, exactly, for every code
+    at every position (and random words), bit for bit as the interpret-mode decode where that
+    keeps clear of subnormals; unpack inverts pack."""
     rng = np.random.default_rng()
     every = np.repeat(np.arange(16), 4)[None, :] * np.ones((8, 1), np.int64)  # code c at slot i
     lo = np.concatenate([every.reshape(-1, 4), rng.integers(0, 16, (512, 4))]).reshape(-1)
@@ -458,18 +497,21 @@ def test_e2m1_ptx_decodes_packed_codes(quarter, scale):
     lo_back, hi_back = mx_words.mxfp4_unpack(jnp.asarray(packed))
     np.testing.assert_array_equal(np.asarray(lo_back), lo)
     np.testing.assert_array_equal(np.asarray(hi_back), hi)
-    factors = gmm_quant_module._e8m0_factors(jnp.asarray([scale], jnp.uint8))
-    bf16x2 = [int(np.asarray(f).view(np.uint16)[0]) * 0x10001 for f in factors]
-    got = _decode_words(gmm_quant_module.E2M1_PTX[quarter], packed, *bf16x2)
     codes = (lo if quarter.startswith("lo") else hi).reshape(-1, 2, 2)  # [word, pair, value]
     codes = codes[:, int(quarter.endswith("23"))].reshape(-1)
     want = e2m1_oracle(codes) * 2.0 ** (scale - 127)
-    np.testing.assert_array_equal(got.view(jnp.bfloat16).astype(np.float64), want)
-    np.testing.assert_array_equal(np.signbit(got.view(jnp.bfloat16)), codes >= 8)
-    if scale >= 2:  # 0.5 · 2^(scale - 127) is a normal number (XLA on CPU flushes subnormals)
-        pairs = jnp.asarray(packed.view(np.uint16))[None]
-        interpreted = gmm_quant_module._e2m1(pairs, quarter, factors)[0]
-        np.testing.assert_array_equal(np.asarray(interpreted).view(np.uint16), got)
+    for small in (False, True) if scale <= quant.MX_SMALL_CODE else (False,):
+        factors = gmm_quant_module._e8m0_factors(jnp.asarray([scale], jnp.uint8), small)
+        assert len(factors) == (1 if small else 2)
+        bf16x2 = [int(np.asarray(f).view(np.uint16)[0]) * 0x10001 for f in factors]
+        ptx = gmm_quant_module.E2M1_PTX[quarter, len(factors)]
+        got = _decode_words(ptx, packed, *bf16x2)
+        np.testing.assert_array_equal(got.view(jnp.bfloat16).astype(np.float64), want)
+        np.testing.assert_array_equal(np.signbit(got.view(jnp.bfloat16)), codes >= 8)
+        if scale >= 2:  # 0.5 · 2^(scale - 127) is a normal number (XLA on CPU flushes those)
+            pairs = jnp.asarray(packed.view(np.uint16))[None]
+            interpreted = gmm_quant_module._e2m1(pairs, quarter, factors)[0]
+            np.testing.assert_array_equal(np.asarray(interpreted).view(np.uint16), got)
 
 
 @pytest.mark.parametrize("half", ["low", "high"])
@@ -490,17 +532,19 @@ def test_e4m3_pair_ptx_decodes_every_byte(half):
     np.testing.assert_array_equal(np.asarray(interpreted), got)
 
 
-def test_e8m0_factors_of_every_code():
-    """The kernel's two bf16 factors of each e8m0 code c (exponent-field placement) are finite
-    powers of two of product 2^(c - 1), which times the decode's e2m1 · 2^-126 is the scale
-    2^(c - 127), for all 256 codes."""
-    codes = np.arange(256)
-    factors = gmm_quant_module._e8m0_factors(jnp.asarray(codes, jnp.uint8))
-    f_lo, f_hi = (np.asarray(f).astype(np.float64) for f in factors)
-    assert np.isfinite(f_lo).all() and np.isfinite(f_hi).all()
-    np.testing.assert_array_equal(np.frexp(f_lo)[0], 0.5)
-    np.testing.assert_array_equal(np.frexp(f_hi)[0], 0.5)
-    np.testing.assert_array_equal(f_lo * f_hi, np.ldexp(1.0, codes - 1))
+@pytest.mark.parametrize("small", [False, True])
+def test_e8m0_factors_of_every_code(small):
+    """The kernel's bf16 factors of each e8m0 code c (exponent-field placement) are finite powers
+    of two of product 2^(c - 1), which times the decode's e2m1 · 2^-126 is the scale
+    2^(c - 127): two for all 256 codes, or one for the codes up to MX_SMALL_CODE (128)."""
+    codes = np.arange(quant.MX_SMALL_CODE + 1 if small else 256)
+    factors = gmm_quant_module._e8m0_factors(jnp.asarray(codes, jnp.uint8), small)
+    assert len(factors) == (1 if small else 2)
+    factors = [np.asarray(f).astype(np.float64) for f in factors]
+    for f in factors:
+        assert np.isfinite(f).all()
+        np.testing.assert_array_equal(np.frexp(f)[0], 0.5)
+    np.testing.assert_array_equal(np.prod(factors, axis=0), np.ldexp(1.0, codes - 1))
 
 
 def test_each_format_fits_the_tiles_k_step():

@@ -27,8 +27,8 @@ Each format puts its scale where it costs least:
     k = r0..r0+31 (the low half's codes) and k = K/2 + r0.. (the high half's), 8 codes to a
     32-bit word (`mx_words.MX_WORD_BITS`); read as uint16 byte pairs, each word decodes to bf16
     by bit placement in four quarters of 2 values, each scaled in bf16 by its half's power of
-    two per column, exactly (`_e2m1`: inline PTX on the GPU, 21 integer or bf16x2 instructions
-    per word of 8 values), each quarter a 16-deep dot against its 16 columns of x (x's columns
+    two per column, exactly (`_e2m1`: inline PTX on the GPU, 17 integer or bf16x2 instructions
+    per word of 8 values, 21 where a scale code passes 128), each quarter a 16-deep dot against its 16 columns of x (x's columns
     reordered once per call, `_mx_x_order`):
     acc += dot(x[:, k_lo], lo · 2^(s_lo − 127)) + dot(x[:, k_hi], hi · 2^(s_hi − 127)).
     A loop step takes block_k / 64 sub-blocks (more weight bytes in flight per step); K is a
@@ -191,12 +191,16 @@ def _column_powers(scales):
 # word, and one PTX block makes one bf16x2 of a word, so each thread's dot operand registers hold
 # 2 K values, as the 16-bit x's do (a byte tile's 4 made Triton shuffle x's fragments: offline
 # SASS of the 16 x 64 x 128 K loop 399 -> 343 instructions a thread).
-# The e8m0 scale 2^(s - 127) of the value's sub-block and column then enters as two bf16x2
-# multiplies (`_e8m0_factors`), 2^(min(s, 128) - 1) and 2^(max(s, 128) - 128): one would be
-# 2^(s - 1), past bf16's largest power of two (2^127) for s > 128. e2m1's 2 significant bits
-# times a power of two are a bf16 wherever that power keeps them in range (and overflow where
-# float32's 2^(s - 127) · e2m1 does), so both products are exact and the dots take the scaled
-# weights: no float32 multiply of the accumulator per sub-block (2 a value of it per 32 K), which
+# The e8m0 scale 2^(s - 127) of the value's sub-block and column then enters as one bf16x2
+# multiply by 2^(s - 1) where every code is at most 128 (`QuantizedWeight.small_scales`, as in
+# gpt-oss's checkpoints: 13 + 4 instructions a word), else two (`_e8m0_factors`),
+# 2^(min(s, 128) - 1) and 2^(max(s, 128) - 128), since 2^(s - 1) is past bf16's largest power
+# of two (2^127) for s > 128 (13 + 8; offline SASS of the K loop at K = N = 2880, one against
+# two: 16 x 128 x 128 gpt-oss GLU 426 / 525 instructions a thread, 16 x 256 x 128 GLU 748 / 937,
+# 16 x 64 x 128 289 / 329, 64 x 128 x 64 290 / 332; `benchmarks.sass --large-scales`).
+# e2m1's 2 significant bits times a power of two are a bf16 wherever that power keeps them in
+# range (and overflow where float32's 2^(s - 127) · e2m1 does), so the products are exact and
+# the dots take the scaled weights: no float32 multiply of the accumulator per sub-block (2 a value of it per 32 K), which
 # halves the 64-row tile's K loop (offline SASS, 64 x 128 x 64: 592 -> 327 instructions a thread;
 # the layer at 64 rows per expert 28-31% faster). On 16- and 32-row tiles the factors, a broadcast
 # operand, keep Triton from moving the decode past the shared-memory load into the dot operand's
@@ -216,13 +220,16 @@ shl.b32 b, $1, 1;
 and.b32 b, b, 0x80008000;
 or.b32 t, a, b;""",
 }
-E2M1_PTX = {  # $1 the byte pairs, $2 and $3 the scale's two factors, $0 the scaled values
-    quarter: "{\n.reg .b32 t, a, b;\n"
-    + body
-    + "\nmul.rn.bf16x2 t, t, $2;\nmul.rn.bf16x2 $0, t, $3;\n}"
-    for quarter, body in _E2M1_BODY.items()
+_E2M1_SCALE = {  # by the scale's one or two factors, $2 (and $3)
+    1: "mul.rn.bf16x2 $0, t, $2;",
+    2: "mul.rn.bf16x2 t, t, $2;\nmul.rn.bf16x2 $0, t, $3;",
 }
-MX_QUARTERS = tuple(E2M1_PTX)  # in x's column order within a 32-column block (`_mx_x_order`)
+E2M1_PTX = {  # (quarter, factors): $1 the byte pairs, $0 the scaled values
+    (quarter, factors): "{\n.reg .b32 t, a, b;\n" + body + "\n" + scale + "\n}"
+    for quarter, body in _E2M1_BODY.items()
+    for factors, scale in _E2M1_SCALE.items()
+}
+MX_QUARTERS = tuple(_E2M1_BODY)  # in x's column order within a 32-column block (`_mx_x_order`)
 
 
 def _mx_x_order(lhs):
@@ -233,25 +240,29 @@ def _mx_x_order(lhs):
     return quads.transpose(0, 1, 3, 2, 4).reshape(m, k)
 
 
-def _e8m0_factors(codes):
-    """e8m0 codes s [n] -> bf16 [n] 2^(min(s, 128) - 1) and 2^(max(s, 128) - 128), whose product
-    times the decode's e2m1 · 2^-126 is e2m1 · 2^(s - 127): each by placing its exponent in bf16's
-    exponent field (one add and shift on the integer pipe, where exp2 takes a conversion and a
-    MUFU op). s = 255 reads as 2^128 · e2m1 (inf, or 0 for a zero code)."""
+def _e8m0_factors(codes, small: bool):
+    """e8m0 codes s [n] -> bf16 [n] factors whose product times the decode's e2m1 · 2^-126 is
+    e2m1 · 2^(s - 127): small (every s at most 128), the one 2^(s - 1); else 2^(min(s, 128) - 1)
+    and 2^(max(s, 128) - 128). Each by placing its exponent in bf16's exponent field (an add and
+    a shift on the integer pipe, where exp2 takes a conversion and a MUFU op). s = 255 reads as
+    2^128 · e2m1 (inf, or 0 for a zero code)."""
     c = codes.astype(jnp.int32)
     bf16 = lambda field: jax.lax.bitcast_convert_type((field << 7).astype(jnp.uint16), jnp.bfloat16)
+    if small:
+        return (bf16(c + 126),)
     return bf16(jnp.minimum(c, 128) + 126), bf16(jnp.maximum(c, 128) - 1)
 
 
 def _e2m1(pairs, quarter: str, factors):
     """Stored values as uint16 [r, n] byte pairs (n even: whole words) and a column's scale
-    factors (`_e8m0_factors`, each bf16 [r]) -> bf16 [r, n] e2m1 · 2^(s - 127), exact: element
-    2i + d of quarter "lo01" is word i's code L(d), of "lo23" L(2 + d), "hi01" H(d), "hi23"
-    H(2 + d) (`mx_words.mxfp4_unpack`'s low and high halves)."""
+    factors (`_e8m0_factors`, one or two, each bf16 [r]) -> bf16 [r, n] e2m1 · 2^(s - 127),
+    exact: element 2i + d of quarter "lo01" is word i's code L(d), of "lo23" L(2 + d), "hi01"
+    H(d), "hi23" H(2 + d) (`mx_words.mxfp4_unpack`'s low and high halves)."""
     r, n = pairs.shape
     if not _common.interpret_mode():
-        f_lo, f_hi = (jnp.broadcast_to(f[:, None], (r, n)) for f in factors)
-        return _inline_asm(E2M1_PTX[quarter], [pairs, f_lo, f_hi], "=r,r,r,r", 2, jnp.bfloat16)
+        fs = [jnp.broadcast_to(f[:, None], (r, n)) for f in factors]
+        ptx = E2M1_PTX[quarter, len(factors)]
+        return _inline_asm(ptx, [pairs, *fs], "=r" + ",r" * (1 + len(fs)), 2, jnp.bfloat16)
     # The same value without bf16's subnormal (XLA on CPU flushes it): magnitude codes m >= 2 are
     # 0x3F00 + (m << 6) (1.0 is 0x3F80), m = 1 is 0.5 (0x3F00), m = 0 is 0; scaled in float32.
     q = jax.lax.bitcast_convert_type(pairs, jnp.uint8).reshape(r, 2 * n)
@@ -261,8 +272,9 @@ def _e2m1(pairs, quarter: str, factors):
     mag = jnp.where(m >= 2, 0x3F00 + (m << 6), jnp.where(m == 1, 0x3F00, 0))
     bits = (mag | ((codes & 8) << 12)).astype(jnp.uint16)
     value = jax.lax.bitcast_convert_type(bits, jnp.bfloat16).astype(jnp.float32)
-    f_lo, f_hi = (f.astype(jnp.float32)[:, None] for f in factors)
-    return (value * (f_lo * 2.0**-126) * f_hi).astype(jnp.bfloat16)  # in float32's range
+    first, *rest = (f.astype(jnp.float32)[:, None] for f in factors)
+    value = value * (first * 2.0**-126)  # in float32's range
+    return functools.reduce(jnp.multiply, rest, value).astype(jnp.bfloat16)
 
 
 def _kernel(
@@ -282,6 +294,7 @@ def _kernel(
     f16_rows: bool,
     block_cols: bool,
     folded: bool,
+    small_scales: bool,
 ):
     it = iter(refs)
     group_ref, m_start_ref, row_end_ref = (next(it) for _ in range(3))
@@ -371,7 +384,8 @@ def _kernel(
             return [
                 tuple(
                     _e8m0_factors(
-                        _load(scales_ref.at[g, row, pl.ds(c0, width)], col_mask(width, valid))
+                        _load(scales_ref.at[g, row, pl.ds(c0, width)], col_mask(width, valid)),
+                        small_scales,
                     )
                     for row in (s_row, sub_blocks + s_row)
                 )
@@ -618,6 +632,7 @@ def gmm_quant(
         f16_rows=f16_rows,
         block_cols=block_cols,
         folded=folded,
+        small_scales=rhs.small_scales,
     )
     return pl.pallas_call(
         kernel,
