@@ -578,7 +578,8 @@ def test_gptoss_sized_quantised_layer(fmt):
     """gpt-oss's experts at full size (E = 128, H = I = 2880: a K and an N that 128 does not
     divide) quantised, through moe_experts on the GPU ("auto"), against the bf16 layer on
     dequantize_experts(qparams) within the documented bound, at T = 1 (decode), T = 64 and
-    T = 2048 (64 rows per expert: the table's 128-row tiles)."""
+    T = 2048 (64 rows per expert: the table's 128-row tiles); mxfp4 with one scale multiply a
+    pair (`small_scales`, as quantize_experts marks these weights) and with two."""
     from tests.helpers import device_normal
 
     rng = np.random.default_rng(3)
@@ -589,18 +590,28 @@ def test_gptoss_sized_quantised_layer(fmt):
         "b_gate_up": device_normal(rng, (experts, 2 * inter), jnp.bfloat16, 0.1),
         "b_down": device_normal(rng, (experts, hidden), jnp.bfloat16, 0.1),
     }
-    qparams = jax.jit(lambda p: moe_pallas.quantize_experts(p, fmt))(params)
+    qparams = moe_pallas.quantize_experts(params, fmt)
     del params
     dense = moe_pallas.dequantize_experts(qparams)
+    variants = [qparams]
+    if fmt == "mxfp4":
+        assert qparams["w_gate_up"].small_scales and qparams["w_down"].small_scales
+        two = {
+            k: dataclasses.replace(v, small_scales=False)
+            for k, v in qparams.items()
+            if quant.is_quantized(v)
+        }
+        variants.append({**qparams, **two})
     layer = jax.jit(
         lambda x, idx, wts, p: moe_pallas.moe_experts(x, idx, wts, p, activation="gptoss")
     )
     for tokens in (1, 64, 2048):
         x = device_normal(rng, (tokens, hidden), jnp.bfloat16)
         idx, wts = random_routing(rng, tokens, experts, top_k)
-        out = layer(x, idx, wts, qparams)
         want = layer(x, idx, wts, dense)
-        assert out.dtype == jnp.bfloat16 and rel_err(out, want) < BF16_BOUND, (tokens, fmt)
+        for v, stored in enumerate(variants):
+            out = layer(x, idx, wts, stored)
+            assert out.dtype == jnp.bfloat16 and rel_err(out, want) < BF16_BOUND, (tokens, fmt, v)
 
 
 @FULL_SHAPES
@@ -621,7 +632,8 @@ def test_swiglu256_sized_quantised_weights(fmt):
     else:
         values = jax.random.bits(keys[0], (e, n, h // 2), jnp.uint8)
         scales = jax.random.randint(keys[1], (e, h // 32, n), 118, 124).astype(jnp.uint8)
-    w = quant.QuantizedWeight(values, scales, fmt, jnp.bfloat16)
+    w = quant.with_scale_bound(quant.QuantizedWeight(values, scales, fmt, jnp.bfloat16))
+    assert w.small_scales == (fmt == "mxfp4")  # codes 118-123: one multiply a pair
     experts = [0, 1, 127, 128, 200, 254, 255]
     sizes = np.zeros(e, np.int64)
     sizes[experts] = [3, 1, 2, 5, 2, 1, 4]
