@@ -1,5 +1,6 @@
 """Expert weights from checkpoint layouts into the `params` of `moe_experts` / a `MoE` layer
-(`load_experts`, `set_expert_params`), and back out (`export_experts`, dense weights).
+(`load_experts`, `set_expert_params`), and back out (`export_experts`: dense weights, or
+`QuantizedWeight`s in the stored form of their layout below).
 
 `tensors` is a mapping of names to arrays as read by `read_safetensors(path)` (or
 `safetensors.numpy.load_file(path)`, `safetensors.flax.load_file(path)`, which cannot read FP8),
@@ -35,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from moe_pallas import quant
-from moe_pallas.kernels.mx_words import mxfp4_pack
+from moe_pallas.kernels.mx_words import mxfp4_pack, mxfp4_unpack
 from moe_pallas.layer import MoE
 
 Layout = Literal["gpt_oss", "per_expert"]
@@ -382,10 +383,13 @@ def set_expert_params(layer, params: Mapping[str, jax.Array]) -> None:
 def export_experts(
     params: "Mapping[str, jax.Array] | MoE", layout: Layout, *, prefix: str = "", dtype: Any = None
 ) -> dict[str, jax.Array]:
-    """The inverse of `load_experts` (dense weights): checkpoint tensors in `layout`, named with
-    `prefix`, from `moe_experts` params or an NNX `MoE` layer's experts, cast to `dtype` if given;
+    """The inverse of `load_experts`: checkpoint tensors in `layout`, named with `prefix`, from
+    `moe_experts` params or an NNX `MoE` layer's experts, dense ones cast to `dtype` if given;
     e.g. for `safetensors.flax.save_file`. gpt_oss needs the expert biases (GptOssExperts has
-    them); per_expert has no place for them."""
+    them); per_expert has no place for them. `QuantizedWeight`s are written as stored, bit for
+    bit, in the form their layout's checkpoints publish: "mxfp4" as gpt_oss's `_blocks` /
+    `_scales`, "fp8_block" as per_expert's float8_e4m3fn weights with their 128 x 128 block
+    factors `_scale_inv` (both weights quantised: the loader takes no mix there)."""
     if layout not in LAYOUTS:
         raise ValueError(f"layout={layout!r}; use one of {LAYOUTS}.")
     if isinstance(params, MoE):
@@ -398,8 +402,27 @@ def export_experts(
             + ("; build the layer with expert_bias=True." if layout == "gpt_oss" else ".")
         )
     cast = (lambda v: v) if dtype is None else (lambda v: v.astype(dtype))
+    stored = {n: params[n] for n in _WEIGHTS if quant.is_quantized(params[n])}
+    want = "mxfp4" if layout == "gpt_oss" else "fp8_block"
+    for name, w in stored.items():
+        if w.fmt != want:
+            raise ValueError(
+                f"params[{name!r}] is stored as {w.fmt!r}, which {layout!r} checkpoints do not "
+                f"hold (they store {want!r}); quantize with fmt={want!r}, export the other "
+                "layout, or dequantize_experts(params) first."
+            )
     if layout == "gpt_oss":
-        return {prefix + source: cast(jnp.asarray(params[n])) for n, source in _GPT_OSS.items()}
+        tensors = {}
+        for n, source in _GPT_OSS.items():
+            if n in stored:
+                blocks, scales = _mxfp4_checkpoint(stored[n].values, stored[n].scales)
+                tensors[f"{prefix}{source}_blocks"] = blocks
+                tensors[f"{prefix}{source}_scales"] = scales
+            else:
+                tensors[prefix + source] = cast(jnp.asarray(params[n]))
+        return tensors
+    if stored:
+        return _fp8_checkpoint(params, stored, prefix)
     w_gate_up, w_down = jnp.asarray(params["w_gate_up"]), jnp.asarray(params["w_down"])
     inter = w_gate_up.shape[2] // 2
     tensors = {}
@@ -407,4 +430,59 @@ def export_experts(
         tensors[f"{prefix}{e}.gate_proj.weight"] = cast(w_gate_up[e, :, :inter].T)
         tensors[f"{prefix}{e}.up_proj.weight"] = cast(w_gate_up[e, :, inter:].T)
         tensors[f"{prefix}{e}.down_proj.weight"] = cast(w_down[e].T)
+    return tensors
+
+
+@jax.jit
+def _mxfp4_checkpoint(values, scales):
+    """`quant`'s "mxfp4" values [E, N, K/2] / scales [E, K/32, N] -> gpt-oss's blocks
+    [E, N, K/32, 16] / scales [E, N, K/32] (the inverse of `_mxfp4_stored`): integer ops only,
+    an expert at a time (the int32 codes are 8x the stored bytes)."""
+
+    def one(v):
+        codes = jnp.concatenate(mxfp4_unpack(v), axis=-1)  # [N, K]
+        pairs = codes.reshape(codes.shape[0], -1, 16, 2)
+        return (pairs[..., 0] | (pairs[..., 1] << 4)).astype(jnp.uint8)
+
+    blocks = jax.lax.map(one, values, batch_size=min(quant.QUANTIZE_CHUNK, values.shape[0]))
+    return blocks, jnp.swapaxes(scales, 1, 2)
+
+
+def _fp8_checkpoint(params, stored, prefix):
+    """per_expert tensors of "fp8_block" weights: each projection's float8_e4m3fn [out, in]
+    values and its [ceil(out/128), ceil(in/128)] factors. A weight's factors are per column
+    block of its N (gate and up side by side in w_gate_up) or per column; a projection's 128
+    columns must share one factor, as the checkpoints' blocks do (true of what `load_experts`
+    and `quantize_experts` make, but for an up half that starts inside a block of a
+    `quantize_experts` weight whose I is not a multiple of 128)."""
+    if set(stored) != set(_WEIGHTS):
+        raise ValueError(
+            "per_expert checkpoints hold both weights in FP8 or neither; quantize both "
+            "(quantize_experts) or dequantize_experts(params) first."
+        )
+    inter = stored["w_down"].shape[1]
+    projections = {
+        "gate_proj": ("w_gate_up", 0, inter),
+        "up_proj": ("w_gate_up", inter, inter),
+        "down_proj": ("w_down", 0, stored["w_down"].shape[2]),
+    }
+    tensors = {}
+    for proj, (name, c0, width) in projections.items():
+        w = stored[name]
+        values = w.values[:, c0 : c0 + width]  # [E, out, in]
+        columns = w.scales
+        if columns.shape[2] != w.shape[2]:  # block form: each column's block's factor
+            columns = jnp.repeat(columns, _FP8_BLOCK, axis=2)[:, :, : w.shape[2]]
+        columns = columns[:, :, c0 : c0 + width]  # [E, in/128, out]
+        factors = columns[:, :, ::_FP8_BLOCK]
+        spread = jnp.repeat(factors, _FP8_BLOCK, axis=2)[:, :, :width]
+        if not bool(jnp.array_equal(spread, columns)):
+            raise ValueError(
+                f"params[{name!r}]'s {proj} columns do not share one factor per 128-column "
+                "block, which per_expert checkpoints need; quantize with I a multiple of 128 "
+                "or export dequantize_experts(params)."
+            )
+        for e in range(values.shape[0]):
+            tensors[f"{prefix}{e}.{proj}.weight"] = values[e]
+            tensors[f"{prefix}{e}.{proj}.weight_scale_inv"] = factors[e].T
     return tensors

@@ -508,3 +508,59 @@ def test_export_experts_errors():
         moe_pallas.export_experts(params, "per_expert")
     with pytest.raises(ValueError, match="layout='mixtral'"):
         moe_pallas.export_experts(params, "mixtral")
+
+
+def test_export_experts_writes_quantised_weights_as_stored(tmp_path):
+    """Stored weights out to their layout's checkpoint form and back, bit for bit: gpt-oss MXFP4
+    (blocks, scales, float32 biases) and per-expert FP8 with I = 136 (the loader's per-column
+    factors) give back the very tensors loaded, also through a safetensors file; a SwiGLU
+    weight from quantize_experts("fp8_block") with I = 128 loads back to the same weights; an
+    up half starting inside a 128-column block, a format the layout does not hold, and FP8
+    beside a dense weight are refused by name."""
+    from moe_pallas import quant
+
+    rng = np.random.default_rng(31)
+    mx = gpt_oss_mxfp4_tensors(rng, inter=64)
+    fp8 = {k: jnp.where(jnp.isnan(v), 0, v).astype(v.dtype) for k, v in fp8_tensors(rng).items()}
+    for tensors, layout, prefix in ((mx, "gpt_oss", ""), (fp8, "per_expert", PREFIX)):
+        stored = load_experts(tensors, layout, prefix=prefix, dequantize=False)
+        exported = moe_pallas.export_experts(stored, layout, prefix=prefix)
+        assert sorted(exported) == sorted(tensors)
+        for name, value in tensors.items():
+            assert exported[name].dtype == value.dtype, name
+            np.testing.assert_array_equal(
+                np.asarray(exported[name]).view(np.uint8), np.asarray(value).view(np.uint8)
+            )
+        path = tmp_path / f"{layout}.safetensors"
+        safetensors.flax.save_file(exported, str(path))
+        again = load_experts(
+            moe_pallas.read_safetensors(path), layout, prefix=prefix, dequantize=False
+        )
+        for name, w in stored.items():
+            if quant.is_quantized(w):
+                np.testing.assert_array_equal(
+                    again[name].values.view(jnp.uint8), w.values.view(jnp.uint8)
+                )
+                np.testing.assert_array_equal(again[name].scales, w.scales)
+
+    dense = {
+        "w_gate_up": jnp.asarray(rng.standard_normal((2, 256, 256)) / 16, jnp.bfloat16),
+        "w_down": jnp.asarray(rng.standard_normal((2, 128, 256)) / 16, jnp.bfloat16),
+    }
+    qparams = moe_pallas.quantize_experts(dense, "fp8_block")
+    loaded = load_experts(
+        moe_pallas.export_experts(qparams, "per_expert"), "per_expert", dequantize=False
+    )
+    for name in ("w_gate_up", "w_down"):
+        np.testing.assert_array_equal(loaded[name].dequantize(), qparams[name].dequantize())
+
+    straddling = moe_pallas.quantize_experts(
+        {"w_gate_up": dense["w_gate_up"][:, :, : 272 - 16], "w_down": dense["w_down"][:, :120]},
+        "fp8_block",
+    )
+    with pytest.raises(ValueError, match="up_proj columns do not share one factor"):
+        moe_pallas.export_experts(straddling, "per_expert")
+    with pytest.raises(ValueError, match="'mxfp4', which 'per_expert' checkpoints do not hold"):
+        moe_pallas.export_experts(moe_pallas.quantize_experts(dense, "mxfp4"), "per_expert")
+    with pytest.raises(ValueError, match="both weights in FP8 or neither"):
+        moe_pallas.export_experts({**dense, "w_down": qparams["w_down"]}, "per_expert")
