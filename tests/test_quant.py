@@ -517,16 +517,17 @@ def test_e2m1_ptx_decodes_packed_codes(quarter, scale):
 @pytest.mark.parametrize("half", ["low", "high"])
 def test_e4m3_pair_ptx_decodes_every_byte(half):
     """The byte-pair view's inline PTX (text as compiled, emulated instruction by instruction):
-    a 32-bit register holds two uint16 pairs, and each result half is the e4m3 value of its
-    pair's low or high byte in float16, for every byte at every position of the word (and random
-    words), bit for bit as the interpret-mode decode (NaN codes NaN)."""
+    a 32-bit register holds two uint16 pairs, and the result's halves are the e4m3 values of the
+    first pair's bytes ("low") or the second's ("high") in float16, for every byte at every
+    position of the word (and random words), bit for bit as the interpret-mode decode (NaN codes
+    NaN)."""
     rng = np.random.default_rng()
     every = np.arange(256)[:, None, None] * np.eye(4, dtype=np.int64)[None]  # byte b at slot i
     words = np.concatenate([every.reshape(-1, 4), rng.integers(0, 256, (512, 4))]).astype(np.uint8)
     pairs = words.view(np.uint16).reshape(-1)  # little-endian: pair i of a word is bytes 2i, 2i+1
     got = _decode_words(gmm_quant_module.E4M3_PAIR_PTX[half], words).view(np.float16)
-    codes = (pairs >> 8 if half == "high" else pairs & 0xFF).astype(np.uint8)
-    want = codes.view(jnp.float8_e4m3fn).astype(np.float16)
+    codes = words[:, 2:] if half == "high" else words[:, :2]  # [word, the 2 bytes of its pair]
+    want = codes.reshape(-1).view(jnp.float8_e4m3fn).astype(np.float16)
     np.testing.assert_array_equal(got, want)
     interpreted = gmm_quant_module._e4m3_pair_f16(jnp.asarray(pairs)[None], half)[0]
     np.testing.assert_array_equal(np.asarray(interpreted), got)
@@ -562,13 +563,13 @@ def test_each_format_fits_the_tiles_k_step():
     assert all(fit(f, small) == small for f in quant.FORMATS)
 
 
-def test_paired_view_needs_an_even_k(monkeypatch):
-    """fp8 weights read as byte pairs along K (over 2^31 bytes, forced here) with an odd K: a
-    ValueError naming K and the fix, not a misread byte."""
+def test_paired_view_needs_k_a_multiple_of_4(monkeypatch):
+    """fp8 weights read as byte pairs along K (over 2^31 bytes, forced here) with K not a multiple
+    of 4 (a word of two pairs): a ValueError naming K and the fix, not a misread byte."""
     monkeypatch.setattr(gmm_quant_module, "PAIRED_MIN_ELEMENTS", 0)
-    qw = quant.quantize_weight(jnp.ones((2, 33, 64), jnp.bfloat16), "fp8")
-    with pytest.raises(ValueError, match="even K.*K=33"):
-        gmm_quant(jnp.ones((4, 33), jnp.bfloat16), qw, jnp.array([2, 2], jnp.int32))
+    qw = quant.quantize_weight(jnp.ones((2, 34, 64), jnp.bfloat16), "fp8")
+    with pytest.raises(ValueError, match="multiple of 4.*K=34"):
+        gmm_quant(jnp.ones((4, 34), jnp.bfloat16), qw, jnp.array([2, 2], jnp.int32))
 
 
 @FULL_SHAPES

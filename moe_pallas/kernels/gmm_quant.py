@@ -56,14 +56,18 @@ placement (`_e2m1`) on the integer and bf16x2 pipes (sm_90 has no e2m1 conversio
 Offsets. Pallas addresses an array in int32 element offsets unless it spans more than 2^32
 bytes, so a byte array of more than 2^31 elements, up to 2^32 (fp8 SwiGLU-256 gate_up,
 [256, 4096, 4096]), would overflow them. Such fp8 values are read as uint16 [E, N, K/2] byte
-pairs along K (half the elements, the same bytes): a pair's low byte is an even k, its high byte
-the odd k after it, so each K step is two half-depth dots, x's even columns against the low bytes
-and its odd columns against the high, with x's columns reordered once per call (even, then odd)
-so that both x tiles are contiguous loads (a pair offset written as a product, i · bk/2: Triton
-proves its alignment, and vectorises and pipelines the loads, where k0 // 2 left them scalar).
-Each byte decodes from its pair by inline PTX (`_e4m3_pair_f16`) in the dot operand's registers
-after the shared-memory load, as the unpaired bytes do; the pair view runs at the unpaired
-view's speed. K must be even there.
+pairs along K (half the elements, the same bytes), two pairs to a 32-bit register: a word of 4
+bytes holds k = 4m..4m+3, its first pair (k = 4m, 4m+1) one half-depth dot's operand, its second
+(4m+2, 4m+3) the other's, against x's columns reordered once per call (`_word_x_order`: each
+4m, 4m+1, then each 4m+2, 4m+3), so that both x tiles are contiguous loads (a pair offset written
+as a product, i · bk/2: Triton proves its alignment, and vectorises and pipelines the loads, where
+k0 // 2 left them scalar). Each pair decodes by one hardware conversion of its register half
+(`_e4m3_pair_f16`, inline PTX) in the dot operand's registers after the shared-memory load: the
+16-row fragment's 2 K values are one pair, so no byte moves. Offline SASS of the K loop at
+[256, 4096, 4096], instructions a thread, words / a pair's bytes split over the two dots (even k
+against odd) / unpaired bytes (at [128, 4096, 4096]): 16 x 64 x 128 113 / 144 / 171, its SwiGLU
+GLU 178 / 242 / 310, 64 x 128 x 64 153 / 185 / 141, 128 x 128 x 64 at 8 warps 126 / 142 / 113.
+K must be a multiple of 4 there.
 """
 
 import dataclasses
@@ -125,30 +129,35 @@ def _inline_asm(ptx: str, args, constraints: str, pack: int, dtype):
     return w
 
 
-# The byte-pair view (module docstring, Offsets): one PTX block per byte of a uint16 pair, two
-# pairs a 32-bit register: the two selected bytes permuted into one e4m3x2 and converted by the
-# hardware to f16x2, 1.5 instructions a value. Masking, shifting and narrowing the pairs to bytes
-# before Triton's own conversion took 244 instructions a thread per K step of the 16 x 64 x 128
-# tile against this 144 (the unpaired view's 171; offline SASS).
+# The byte-pair view (module docstring, Offsets): two uint16 pairs a 32-bit register, the first
+# pair ("low") or the second ("high") converted by the hardware to f16x2 in one instruction.
 E4M3_PAIR_PTX = {
     half: f"""{{
-.reg .b32 t;
 .reg .b16 p, q;
-prmt.b32 t, $1, 0, {sel};
-mov.b32 {{p, q}}, t;
-cvt.rn.f16x2.e4m3x2 $0, p;
+mov.b32 {{p, q}}, $1;
+cvt.rn.f16x2.e4m3x2 $0, {reg};
 }}"""
-    for half, sel in (("low", "0x0020"), ("high", "0x0031"))
+    for half, reg in (("low", "p"), ("high", "q"))
 }
 
 
 def _e4m3_pair_f16(pairs, half: str):
-    """uint16 [r, n] byte pairs -> float16 [r, n]: the e4m3 value of each pair's low or high
-    byte (exact; NaN codes NaN)."""
+    """uint16 [r, n] byte pairs (n even) -> float16 [r, n]: elements 2i and 2i + 1 are the e4m3
+    values of the low and high byte of pair 2i ("low") or pair 2i + 1 ("high") (exact; NaN codes
+    NaN)."""
     if not _common.interpret_mode():
         return _inline_asm(E4M3_PAIR_PTX[half], [pairs], "=r,r", 2, jnp.float16)
-    q = (pairs >> 8 if half == "high" else pairs & 0xFF).astype(jnp.uint8)
+    r, n = pairs.shape
+    pair = pairs.reshape(r, n // 2, 2)[:, :, int(half == "high")]
+    q = jnp.stack([pair & 0xFF, pair >> 8], axis=-1).reshape(r, n).astype(jnp.uint8)
     return _e4m3_f16(q)
+
+
+def _word_x_order(lhs):
+    """lhs [M, K] (K a multiple of 4) with columns 4m, 4m + 1 (m = 0..K/4 - 1) first, then
+    4m + 2, 4m + 3: the byte-pair view's two half-depth dots' columns (Offsets)."""
+    m, k = lhs.shape
+    return lhs.reshape(m, k // 4, 2, 2).transpose(0, 2, 1, 3).reshape(m, k)
 
 
 def _f16_rows(lhs):
@@ -428,16 +437,16 @@ def _kernel(
 
         def fp8_body(i, accs):
             """acc += x[:, k0:k0+bk] @ the weight tile: the N-major tile [width, bk] decoded and
-            fed to the dot transposed; in the paired view its [width, bk/2] byte pairs are the
-            even-K bytes (low) and odd-K bytes (high) of two half-depth dots against x's even
-            and odd columns, which the wrapper put in x's two halves."""
+            fed to the dot transposed; in the paired view its [width, bk/2] byte pairs are two
+            half-depth dots' operands, each word's first pair (low) and second (high), against
+            the two halves of x's reordered columns (`_word_x_order`)."""
             k0 = i * bk
-            if paired:  # K is even: pair j holds k = 2j, 2j + 1
+            if paired:  # K is a multiple of 4: pair j holds k = 2j, 2j + 1
                 p0 = i * (bk // 2)  # a product keeps its alignment for Triton; k0 // 2 does not
                 pair_ks = p0 + jnp.arange(bk // 2, dtype=jnp.int32)
                 pair_mask = None if k_dim % bk == 0 else pair_ks < k_dim // 2
-                a_even = lhs_tile(p0, bk // 2, pair_mask)
-                a_odd = lhs_tile(k_dim // 2 + p0, bk // 2, pair_mask)
+                a_low = lhs_tile(p0, bk // 2, pair_mask)
+                a_high = lhs_tile(k_dim // 2 + p0, bk // 2, pair_mask)
             else:
                 ks = k0 + jnp.arange(bk, dtype=jnp.int32)
                 k_mask = ks < k_dim if k_dim % bk else None
@@ -448,7 +457,7 @@ def _kernel(
                     pairs = load_values(c0, width, valid, p0, bk // 2, pair_mask)
                     terms = [
                         (a_half, _e4m3_pair_f16(pairs, half).astype(compute_dtype))
-                        for a_half, half in ((a_even, "low"), (a_odd, "high"))
+                        for a_half, half in ((a_low, "low"), (a_high, "high"))
                     ]
                 else:
                     q = load_values(c0, width, valid, k0, bk, k_mask)
@@ -582,11 +591,11 @@ def gmm_quant(
         values, lhs = _byte_pairs(values), _mx_x_order(lhs)
     paired = fmt != "mxfp4" and PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (Offsets)
     if paired:
-        if k_dim % 2:
+        if k_dim % 4:
             raise ValueError(
                 f"{fmt} weights of {values.size} bytes (over 2^31, at most 2^32) are read as "
-                f"byte pairs along K, which needs an even K; got K={k_dim}. Pad the weight's K "
-                "or use the bf16 weights (dequantize_experts)."
+                f"byte pairs along K, which needs K a multiple of 4; got K={k_dim}. Pad the "
+                "weight's K or use the bf16 weights (dequantize_experts)."
             )
         values = _byte_pairs(values)
     block_cols = fmt == "fp8_block" and scales.shape[2] != n_dim  # (Math: fp8_block)
@@ -600,8 +609,8 @@ def gmm_quant(
     f16_rows = fmt != "mxfp4" and lhs.dtype == jnp.bfloat16  # (Math: fp8 in float16)
     if f16_rows:
         lhs, lhs_scale = _f16_rows(lhs)
-    if paired:  # x's even columns, then its odd ones (module docstring, Offsets)
-        lhs = jnp.concatenate([lhs[:, 0::2], lhs[:, 1::2]], axis=1)
+    if paired:  # the two halves of each word's columns (module docstring, Offsets)
+        lhs = _word_x_order(lhs)
     # fp8_block with a tile path of FOLD_MIN_ROWS rows: the scales normalised per column (Math:
     # fp8_block), the powers to the epilogue; decode-sized calls (16-row tiles) take them as
     # stored, with no XLA pass over them per call.
