@@ -140,10 +140,10 @@ def gmm_oracle(x, w, group_sizes, bias, activation, row_scale):
 def test_gmm_quant_matches_oracle(fmt, activation, paired, monkeypatch):
     """K = 176 for fp8 (two 64-deep K steps and a 48-deep tail, across two 128-row scale
     blocks; 3 x 64 for mxfp4, which has no K tail), N = 2·80 with 32-column tiles (ragged N
-    tail), an empty group, a one-row group, rows past the groups, gathered rows. paired: the
-    byte-pair view of weights of over 2^31 bytes (at most 2^32), forced at this size."""
-    if paired:
-        monkeypatch.setattr(gmm_quant_module, "PAIRED_MIN_ELEMENTS", 0)
+    tail), an empty group, a one-row group, rows past the groups, gathered rows. paired: fp8 read
+    as byte pairs (decode-sized tiles, and weights of over 2^31 bytes); else as bytes, forced."""
+    if not paired:
+        monkeypatch.setattr(gmm_quant_module, "PAIRED_MAX_ROWS", 0)
     rng = np.random.default_rng()
     e, k, n, m = 4, 192 if fmt == "mxfp4" else 176, 160, 30
     n_out = n // 2 if activation else n
@@ -561,6 +561,29 @@ def test_each_format_fits_the_tiles_k_step():
     assert fit("mxfp4", dataclasses.replace(cfg, block_k=512)).block_k == 256
     small = dataclasses.replace(cfg, block_k=64)
     assert all(fit(f, small) == small for f in quant.FORMATS)
+
+
+@pytest.mark.parametrize(
+    "k,block_m,paired", [(176, 16, True), (176, 32, True), (170, 16, False), (176, 64, False)]
+)
+def test_decode_tiles_read_fp8_as_byte_pairs(k, block_m, paired, monkeypatch):
+    """fp8 calls of tiles up to 32 rows read the values as byte pairs when K is a multiple of 4
+    and as bytes otherwise, as do the wgmma tiles (64 rows); each within bf16 rounding of the
+    oracle."""
+    seen = []
+    decode = gmm_quant_module._e4m3_pair_f16
+    monkeypatch.setattr(
+        gmm_quant_module, "_e4m3_pair_f16", lambda *a: seen.append(a[1]) or decode(*a)
+    )
+    rng = np.random.default_rng()
+    w = jnp.asarray(rng.standard_normal((2, k, 96)) / np.sqrt(k), jnp.bfloat16)
+    qw = quant.quantize_weight(w, "fp8")
+    x = jnp.asarray(rng.standard_normal((40, k)), jnp.bfloat16)
+    cfg = BlockConfig(block_m=block_m, block_n=32, block_k=64, min_block_m=16)
+    out = gmm_quant(x, qw, jnp.array([25, 15], jnp.int32), out_dtype=jnp.float32, config=cfg)
+    want = gmm_oracle(x, qw.dequantize(jnp.float32), [25, 15], np.zeros((2, 96)), None, np.ones(40))
+    assert rel_err(out, want) < 1e-5
+    assert bool(seen) == paired
 
 
 def test_paired_view_needs_k_a_multiple_of_4(monkeypatch):

@@ -56,18 +56,19 @@ placement (`_e2m1`) on the integer and bf16x2 pipes (sm_90 has no e2m1 conversio
 Offsets. Pallas addresses an array in int32 element offsets unless it spans more than 2^32
 bytes, so a byte array of more than 2^31 elements, up to 2^32 (fp8 SwiGLU-256 gate_up,
 [256, 4096, 4096]), would overflow them. Such fp8 values are read as uint16 [E, N, K/2] byte
-pairs along K (half the elements, the same bytes), two pairs to a 32-bit register: a word of 4
-bytes holds k = 4m..4m+3, its first pair (k = 4m, 4m+1) one half-depth dot's operand, its second
-(4m+2, 4m+3) the other's, against x's columns reordered once per call (`_word_x_order`: each
-4m, 4m+1, then each 4m+2, 4m+3), so that both x tiles are contiguous loads (a pair offset written
-as a product, i · bk/2: Triton proves its alignment, and vectorises and pipelines the loads, where
-k0 // 2 left them scalar). Each pair decodes by one hardware conversion of its register half
-(`_e4m3_pair_f16`, inline PTX) in the dot operand's registers after the shared-memory load: the
-16-row fragment's 2 K values are one pair, so no byte moves. Offline SASS of the K loop at
-[256, 4096, 4096], instructions a thread, words / a pair's bytes split over the two dots (even k
-against odd) / unpaired bytes (at [128, 4096, 4096]): 16 x 64 x 128 113 / 144 / 171, its SwiGLU
-GLU 178 / 242 / 310, 64 x 128 x 64 153 / 185 / 141, 128 x 128 x 64 at 8 warps 126 / 142 / 113.
-K must be a multiple of 4 there.
+pairs along K (half the elements, the same bytes), as are those of every call of tiles up to
+PAIRED_MAX_ROWS rows whose K is a multiple of 4 (decode sizes: fewer instructions a value), two
+pairs to a 32-bit register: a word of 4 bytes holds k = 4m..4m+3, its first pair (k = 4m, 4m+1)
+one half-depth dot's operand, its second (4m+2, 4m+3) the other's, against x's columns reordered
+once per call (`_word_x_order`: each 4m, 4m+1, then each 4m+2, 4m+3), so that both x tiles are
+contiguous loads (a pair offset written as a product, i · bk/2: Triton proves its alignment, and
+vectorises and pipelines the loads, where k0 // 2 left them scalar). Each pair decodes by one
+hardware conversion of its register half (`_e4m3_pair_f16`, inline PTX) in the dot operand's
+registers after the shared-memory load: the 16-row fragment's 2 K values are one pair, so no
+byte moves. Offline SASS of the K loop at [256, 4096, 4096], instructions a thread, words / a
+pair's bytes split over the two dots (even k against odd) / unpaired bytes (at [128, 4096,
+4096]): 16 x 64 x 128 113 / 144 / 171, its SwiGLU GLU 178 / 242 / 310, 64 x 128 x 64 153 / 185 /
+141, 128 x 128 x 64 at 8 warps 126 / 142 / 113. Past 2^31 bytes K must be a multiple of 4.
 """
 
 import dataclasses
@@ -89,6 +90,15 @@ MX_BLOCK = 32
 # Byte arrays from this many elements (an offset past int32) up to 2^32 bytes are read as
 # uint16 pairs (module docstring, Offsets).
 PAIRED_MIN_ELEMENTS = 2**31 + 1
+# Calls whose tiles are at most this many rows (the mma.sync tiles, decode sizes) read fp8 values
+# as byte pairs at any size, K a multiple of 4: the 16-row fragment's 2 K values are one pair, so
+# the decode is one conversion a pair and no byte moves (module docstring, Offsets). Offline SASS
+# of the K loop at [128, 2880, 2880], instructions a thread, pairs / bytes: 16 x 64 x 128 120 /
+# 196 (fp8_block 135 / 200), 32 x 64 x 128 155 / 287 (181 / 321), gpt-oss GLU 16 x 32 x 256 (the
+# table's entry) 210 / 347 (220 / 292). The wgmma tiles stage the weights in shared memory,
+# where bytes load as well and the pairs cost their split (64 x 128 x 64 at [256, 4096, 4096]:
+# 153 / 141).
+PAIRED_MAX_ROWS = 32
 # fp8_block tiles of at least this many rows fold the block scale into the weights (Math:
 # fp8_block): the wgmma tiles, whose weight operand goes through shared memory anyway.
 FOLD_MIN_ROWS = 64
@@ -589,7 +599,9 @@ def gmm_quant(
         values = jax.lax.bitcast_convert_type(values, jnp.uint8)
     else:  # byte pairs and x's columns in the quarters' order (`_e2m1`)
         values, lhs = _byte_pairs(values), _mx_x_order(lhs)
-    paired = fmt != "mxfp4" and PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (Offsets)
+    offsets = PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (Offsets)
+    decode = cfg.block_m <= PAIRED_MAX_ROWS and k_dim % 4 == 0
+    paired = fmt != "mxfp4" and (offsets or decode)
     if paired:
         if k_dim % 4:
             raise ValueError(
