@@ -25,7 +25,8 @@ type ("float8_e4m3fn", which fp8_block shares, or "float4_e2m1fn"). Their candid
 compile for sm_90 without register spills in every format: the in-register decode raises register
 pressure (`python -m benchmarks.sass` counts the K loop's spills; the survey is in
 docs/decisions.md, Low-precision weights). The large class adds 128- and 256-row tiles
-(`QUANT_LARGE`).
+(`QUANT_LARGE`); every tile of 64 rows or more is also tried with the weights first
+(`BlockConfig.weights_first`: accᵀ = w · xᵀ, the decoded weights wgmma's register operand).
 """
 
 import argparse
@@ -279,7 +280,11 @@ def _candidates(
                 "--around-table)."
             )
         extra = QUANT_LARGE[kernel] if cls == "large" else []
-        return [*QUANT_CANDIDATES[cls][kernel], *extra]
+        tiles = [*QUANT_CANDIDATES[cls][kernel], *extra]
+        # each wgmma tile also with the weights first (BlockConfig.weights_first)
+        return tiles + [
+            dataclasses.replace(c, weights_first=True) for c in tiles if c.block_m >= 64
+        ]
     seed = table_config(kernel, cls, device, path=path) if around_table else None
     if seed is not None:  # the table's entry, its bucketed-M and tail_m variants (gmm kernels)
         if kernel == "tgmm":

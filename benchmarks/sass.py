@@ -3,7 +3,7 @@
     python -m benchmarks.sass [--weights bf16|fp8|fp8_block|mxfp4] [--rows 16] [--block-n 64]
                               [--block-k 128] [--warps 4] [--stages 3] [--k 2880] [--n 2880]
                               [--activation swiglu|gptoss] [--experts 128] [--large-scales]
-                              [--keep DIR]
+                              [--weights-first] [--keep DIR]
 
 The gmm (row scale, plain or with a GLU epilogue; `kernels.gmm` for bf16 weights,
 `kernels.gmm_quant` for the stored formats) at one tile config is lowered for an abstract H200
@@ -85,6 +85,7 @@ def triton_module(args) -> str:
         block_k=args.block_k,
         num_warps=args.warps,
         num_stages=args.stages,
+        weights_first=args.weights_first,
     )
     e, k, n, m = args.experts, args.k, args.n, args.experts * 2 * args.rows
     lhs, sizes, scale = sds((m, k), jnp.bfloat16), sds((e,), jnp.int32), sds((m,), jnp.float32)
@@ -174,6 +175,11 @@ def main(argv=None) -> int:
     parser.add_argument("--k", type=int, default=2880)
     parser.add_argument("--n", type=int, default=2880)
     parser.add_argument("--experts", type=int, default=128)
+    parser.add_argument(
+        "--weights-first",
+        action="store_true",
+        help="quantised weights: BlockConfig.weights_first (acc^T = w x^T on 64+-row tiles)",
+    )
     parser.add_argument(
         "--large-scales",
         action="store_true",

@@ -251,11 +251,11 @@ def test_mosaic_gpu_default_glu_config_lowers(activation):
 @pytest.mark.parametrize(
     "fmt,small_scales", [("fp8", False), ("fp8_block", False), ("mxfp4", False), ("mxfp4", True)]
 )
-@pytest.mark.parametrize("config", ["tiny", "small"])
+@pytest.mark.parametrize("config", ["tiny", "small", "weights_first"])
 def test_quantised_gmm_lowers_to_triton(fmt, small_scales, config):
     """gmm_quant's formats at SwiGLU-256's gate_up size (fp8 values of 2^32 bytes: the byte-pair
-    view) with the GLU epilogue, at the 16-row and the 128-row table entries; mxfp4 with one and
-    with two scale multiplies."""
+    view) with the GLU epilogue, at the 16-row and the 128-row table entries and the latter with
+    the weights first (and its 16-row paths); mxfp4 with one and with two scale multiplies."""
     from moe_pallas import quant
     from moe_pallas.kernels.config import BlockConfig
     from moe_pallas.kernels.gmm_quant import gmm_quant
@@ -271,6 +271,7 @@ def test_quantised_gmm_lowers_to_triton(fmt, small_scales, config):
     cfg = {
         "tiny": BlockConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3),
         "small": BlockConfig(block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=4),
+        "weights_first": BlockConfig(128, 128, 64, 8, 8, 4, min_block_m=16, weights_first=True),
     }[config]
     tokens = 16 if config == "tiny" else 2048
 

@@ -210,6 +210,53 @@ def test_mxfp4_small_scales_one_multiply():
         moe_pallas.ragged_dot(x, false_claim, sizes)
 
 
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+@pytest.mark.parametrize("activation", [None, "swiglu", "gptoss"])
+def test_weights_first_tiles_match_oracle(fmt, activation, monkeypatch):
+    """BlockConfig.weights_first: the 64-row paths compute accᵀ = w · xᵀ (the weights the dot's
+    first operand, 128 columns wide) and the 16/32-row paths x · w, within bf16 rounding of the
+    oracle with gathered rows, bias, row scale, an empty group and rows past the groups; weight
+    blocks narrower than 16 rows a warp stay x first."""
+    first_operand_rows = []
+    dot = gmm_quant_module.plgpu.dot
+    monkeypatch.setattr(
+        gmm_quant_module.plgpu,
+        "dot",
+        lambda a, b, **kw: first_operand_rows.append(a.shape[0]) or dot(a, b, **kw),
+    )
+    rng = np.random.default_rng()
+    e, k, n, m = 3, 192, 256, 150
+    n_out = n // 2 if activation else n
+    w = jnp.asarray(rng.standard_normal((e, k, n)) / np.sqrt(k), jnp.bfloat16)
+    qw = quant.quantize_weight(w, fmt)
+    x = jnp.asarray(rng.standard_normal((m + 5, k)), jnp.bfloat16)
+    index = jnp.asarray(rng.integers(0, m + 5, m), jnp.int32)
+    sizes = np.array([90, 0, 51])  # visits of 64 and 26 rows, and of 51: 64-, 32- and 64-row paths
+    bias = jnp.asarray(rng.standard_normal((e, n)), jnp.float32)
+    scale = jnp.asarray(rng.random(m) + 0.5, jnp.float32)
+    want = gmm_oracle(
+        np.asarray(x)[index], qw.dequantize(jnp.float32), sizes, bias, activation, scale
+    )
+    for block_n, swapped in ((128 if activation != "gptoss" else 64, True), (32, False)):
+        first_operand_rows.clear()
+        cfg = BlockConfig(block_m=64, block_n=block_n, block_k=64, min_block_m=16)
+        out = gmm_quant(
+            x,
+            qw,
+            jnp.asarray(sizes, jnp.int32),
+            lhs_row_index=index,
+            bias=bias,
+            activation=activation,
+            row_scale=scale,
+            config=dataclasses.replace(cfg, weights_first=True),
+        )
+        assert out.shape == (m, n_out)
+        assert rel_err(out, want) < 5e-3
+        np.testing.assert_array_equal(np.asarray(out[141:], np.float32), 0)
+        assert (128 in first_operand_rows) == swapped, first_operand_rows
+        assert {16, 32} <= set(first_operand_rows)  # the short paths, x first
+
+
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_block"])
 def test_fp8_gmm_keeps_rows_outside_float16s_range(fmt):
     """fp8 weights multiply in float16, lhs rows scaled by a power of two each: rows of bf16

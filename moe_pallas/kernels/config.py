@@ -27,6 +27,10 @@ class BlockConfig:
     # few rows above block_m does not stream its expert's weights a second time (kernels/gmm.py,
     # Tails, also for why tails are at least 32 rows, 64 at 8 warps).
     tail_m: int = 0
+    # gmm_quant: tiles of 64 rows or more compute accᵀ = w · xᵀ, the decoded weights wgmma's
+    # register operand and x its shared-memory one, instead of staging the decoded weights in
+    # shared memory for acc = x · w (kernels/gmm_quant.py, Tiling); other kernels ignore it.
+    weights_first: bool = False
 
     def __post_init__(self):
         if self.min_block_m is not None and (

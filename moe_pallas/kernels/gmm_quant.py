@@ -46,7 +46,22 @@ a row's largest.
 Tiling. As `kernels.gmm`: a 1-D grid of (visit, n-tile) pairs over `dispatch.tile_schedule`'s
 visits, the in-kernel row gather, one compiled path per tile height (`BlockConfig.m_paths`), K
 and N tails masked. No `tail_m` second dot and no transposed weights: the backward's products
-with wᵀ dequantise per call (`moe_pallas.backends`). Values are stored N-major ([E, N, K], mxfp4
+with wᵀ dequantise per call (`moe_pallas.backends`). With `BlockConfig.weights_first`, paths of
+WEIGHTS_FIRST_MIN_ROWS rows or more compute accᵀ[n, m] = Σ_k w[k, n] x[m, k] and transpose
+the accumulator once before the epilogue: the decoded weights are then wgmma's A operand, which
+Triton keeps in registers (the decode, scale factors included, runs in the operand's layout),
+and x its B operand from the pipelined shared-memory buffers, so the wgmma runs asynchronously
+across the next step's decode; as acc = x · w the decoded tile is stored to shared memory
+for wgmma's B operand each step (STS, fences, barriers) and each step's wgmma is waited on
+before the next decode (a B operand staged in the loop is never multi-buffered). fp8 values go
+through the byte-pair view there (K a multiple of 4; else the call stays as acc = x · w), whose
+registers hold 4 bytes of K (bytes swapped in as A took one LDS.U16 a pair). Offline SASS of
+the K loop, instructions a thread, weights first / x first: fp8 64 x 128 x 64 142 / 149 (no STS of
+the decoded tile), 128 x 128 x 64 at 8 warps 111 / 119; fp8_block 64 x 128 x 64 195 / 205;
+mxfp4 64 x 128 x 64 259 / 290 (BAR.SYNC 5 / 12, STS.128 0 / 8), 128 x 128 x 64 at 8 warps
+182 / 204. Paths shorter than 64 rows stay x first (a 16-row mxfp4 tile swapped: 329 against
+289, its barriers kept), as do weight blocks narrower than 16 rows a warp (wgmma's A: fp8 128 x
+64 x 64 at 8 warps swapped 191 against 104). Values are stored N-major ([E, N, K], mxfp4
 [E, N, K/2]; `moe_pallas.quant`): a tile is [block_n, K depth] bytes with K contiguous, fed to
 the dot as its transposed second operand, so the 16-row tensor-core fragment reads 4 bytes of K
 per shared-memory load where a [K, N] layout read each byte alone. fp8 is loaded as bytes (a masked
@@ -99,6 +114,8 @@ PAIRED_MIN_ELEMENTS = 2**31 + 1
 # where bytes load as well and the pairs cost their split (64 x 128 x 64 at [256, 4096, 4096]:
 # 153 / 141).
 PAIRED_MAX_ROWS = 32
+# `BlockConfig.weights_first` applies to paths of at least this many rows: wgmma's M is 64.
+WEIGHTS_FIRST_MIN_ROWS = 64
 # fp8_block tiles of at least this many rows fold the block scale into the weights (Math:
 # fp8_block): the wgmma tiles, whose weight operand goes through shared memory anyway.
 FOLD_MIN_ROWS = 64
@@ -314,6 +331,7 @@ def _kernel(
     block_cols: bool,
     folded: bool,
     small_scales: bool,
+    weights_first: bool,
 ):
     it = iter(refs)
     group_ref, m_start_ref, row_end_ref = (next(it) for _ in range(3))
@@ -398,6 +416,13 @@ def _kernel(
 
         sub_blocks = k_dim // (2 * MX_BLOCK)
 
+        swapped = weights_first and h >= WEIGHTS_FIRST_MIN_ROWS  # (Tiling)
+
+        def dot(a, w):
+            """x [h, depth] against the decoded weights [width, depth]: x · wᵀ, or (swapped)
+            the transposed product w · xᵀ, accumulated as such."""
+            return plgpu.dot(w, a, trans_b=True) if swapped else plgpu.dot(a, w, trans_b=True)
+
         def mx_scales(s_row):
             """Per column block, the scale factors of sub-block s_row's low and high halves."""
             return [
@@ -426,7 +451,7 @@ def _kernel(
                 pairs = load_values(c0, width, valid, j * (MX_BLOCK // 2), MX_BLOCK // 2)
                 for a_q, q in zip(xs, MX_QUARTERS):
                     w_q = _e2m1(pairs, q, scales[c][q.startswith("hi")]).astype(compute_dtype)
-                    new[c] = new[c] + plgpu.dot(a_q, w_q, trans_b=True)
+                    new[c] = new[c] + dot(a_q, w_q)
             return tuple(new)
 
         # The e8m0 scales are plain loads (a few bytes a thread, below what cp.async moves), so
@@ -487,10 +512,12 @@ def _kernel(
                     s_w = block_scales.astype(compute_dtype)[:, None]
                     terms = [(a_t, w_t * s_w) for a_t, w_t in terms]
                 for a_t, w_t in terms:  # each dot accumulates in place (one mma chain)
-                    new[c] = new[c] + plgpu.dot(a_t, w_t, trans_b=True)
+                    new[c] = new[c] + dot(a_t, w_t)
             return tuple(new)
 
-        accs = tuple(jnp.zeros((h, width), jnp.float32) for _, width, _ in blocks)
+        accs = tuple(
+            jnp.zeros((width, h) if swapped else (h, width), jnp.float32) for _, width, _ in blocks
+        )
         if fmt == "mxfp4":
             first = (mx_scales(jnp.int32(min(u, sub_blocks - 1))) for u in range(unroll))
             carry = (accs, tuple(first) if ahead else ())
@@ -503,6 +530,8 @@ def _kernel(
             )
         else:
             accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), fp8_body, accs)
+        if swapped:
+            accs = tuple(acc.T for acc in accs)
 
         if f16_rows:  # lhs = lhs16 · p per lhs row (`_f16_rows`), exact in float32
             p_rows = _load(
@@ -600,7 +629,17 @@ def gmm_quant(
     else:  # byte pairs and x's columns in the quarters' order (`_e2m1`)
         values, lhs = _byte_pairs(values), _mx_x_order(lhs)
     offsets = PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (Offsets)
-    decode = cfg.block_m <= PAIRED_MAX_ROWS and k_dim % 4 == 0
+    # (Tiling) weights first where a path can take it: wgmma's A holds 16 rows a warp, so each
+    # weight block (a GLU tile's gate and up halves, or its interleaved pairs) spans the warps;
+    # fp8 then reads byte pairs, as do decode-sized tiles
+    block_width = cfg.block_n * (2 if activation == "gptoss" else 1)
+    weights_first = (
+        cfg.weights_first
+        and cfg.block_m >= WEIGHTS_FIRST_MIN_ROWS
+        and block_width >= 16 * cfg.num_warps
+        and (fmt == "mxfp4" or k_dim % 4 == 0)
+    )
+    decode = (cfg.block_m <= PAIRED_MAX_ROWS or weights_first) and k_dim % 4 == 0
     paired = fmt != "mxfp4" and (offsets or decode)
     if paired:
         if k_dim % 4:
@@ -654,6 +693,7 @@ def gmm_quant(
         block_cols=block_cols,
         folded=folded,
         small_scales=rhs.small_scales,
+        weights_first=weights_first,
     )
     return pl.pallas_call(
         kernel,

@@ -491,7 +491,10 @@ def test_autotune_quantised_weights_writes_entries_of_their_element_type(tmp_pat
     with pytest.raises(ValueError, match="around-table"):
         autotune_gmm._candidates("gmm", "small", around_table=True, weights="fp8")
     tiny = autotune_gmm._candidates("gmm_glu", "tiny", weights="mxfp4")
-    assert tiny and all(c.block_m == 16 for c in tiny)
+    assert tiny and all(c.block_m == 16 and not c.weights_first for c in tiny)
+    small = autotune_gmm._candidates("gmm", "small", weights="fp8")
+    first = [dataclasses.replace(c, weights_first=False) for c in small if c.weights_first]
+    assert first and first == [c for c in small if not c.weights_first and c.block_m >= 64]
     for kernel in ("gmm", "gmm_glu"):  # 256-row tiles for the large class only
         rows = {
             (w, cls): {c.block_m for c in autotune_gmm._candidates(kernel, cls, weights=w)}
@@ -669,12 +672,16 @@ def test_sass_captures_the_kernels_triton_module(weights, activation):
         n=128,
         experts=4,
         activation=activation,
+        large_scales=False,
+        weights_first=False,
     )
     ttir = sass.triton_module(args)
     assert ttir.startswith("module") and ttir.count("tt.dot") >= (2 if activation else 1)
     assert ("arith.divf" in ttir) == (activation is not None)  # silu's 1 / (1 + exp(-x))
-    assert ("inline_asm" in ttir) == (weights == "mxfp4")  # e2m1's PTX decode
-    assert ("tt.fp_to_fp" in ttir) == (weights == "fp8")  # e4m3 -> f16 by the hardware
+    assert ("inline_asm" in ttir) == (weights != "bf16")  # the PTX decodes
+    # fp8 on a 16-row tile: byte pairs, e4m3 -> f16 by the hardware in the PTX
+    assert ("cvt.rn.f16x2.e4m3x2" in ttir) == (weights == "fp8")
+    assert ("mul.rn.bf16x2 $0, t, $2;" in ttir) == (weights == "mxfp4")  # one scale multiply
 
 
 def test_trace_report_splits_each_case_against_the_line():
