@@ -28,8 +28,8 @@ Each format puts its scale where it costs least:
     32-bit word (`mx_words.MX_WORD_BITS`); read as uint16 byte pairs, each word decodes to bf16
     by bit placement in four quarters of 2 values, each scaled in bf16 by its half's power of
     two per column, exactly (`_e2m1`: inline PTX on the GPU, 17 integer or bf16x2 instructions
-    per word of 8 values, 21 where a scale code passes 128), each quarter a 16-deep dot against its 16 columns of x (x's columns
-    reordered once per call, `_mx_x_order`):
+    per word of 8 values, 21 where a scale code passes 128), each quarter a 16-deep dot against
+    its 16 columns of x (x's columns reordered once per call, `_mx_x_order`):
     acc += dot(x[:, k_lo], lo · 2^(s_lo − 127)) + dot(x[:, k_hi], hi · 2^(s_hi − 127)).
     A loop step takes block_k / 64 sub-blocks (more weight bytes in flight per step); K is a
     multiple of 64, so there is no K tail.
@@ -236,12 +236,13 @@ def _column_powers(scales):
 # 16 x 64 x 128 289 / 329, 64 x 128 x 64 290 / 332; `benchmarks.sass --large-scales`).
 # e2m1's 2 significant bits times a power of two are a bf16 wherever that power keeps them in
 # range (and overflow where float32's 2^(s - 127) · e2m1 does), so the products are exact and
-# the dots take the scaled weights: no float32 multiply of the accumulator per sub-block (2 a value of it per 32 K), which
-# halves the 64-row tile's K loop (offline SASS, 64 x 128 x 64: 592 -> 327 instructions a thread;
-# the layer at 64 rows per expert 28-31% faster). On 16- and 32-row tiles the factors, a broadcast
-# operand, keep Triton from moving the decode past the shared-memory load into the dot operand's
-# registers, so the decoded tile takes a shared-memory round trip; those tiles still run fewer
-# instructions (16 x 64 x 128: 343 -> 329) and the layer at decode sizes (T = 16-256) 5% faster.
+# the dots take the scaled weights: no float32 multiply of the accumulator per sub-block (2 a
+# value of it per 32 K), which halves the 64-row tile's K loop (offline SASS, 64 x 128 x 64:
+# 592 -> 327 instructions a thread; the layer at 64 rows per expert 28-31% faster). On 16- and
+# 32-row tiles the factors, a broadcast operand, keep Triton from moving the decode past the
+# shared-memory load into the dot operand's registers, so the decoded tile takes a shared-memory
+# round trip; those tiles still run fewer instructions (16 x 64 x 128: 343 -> 329) and the layer
+# at decode sizes (T = 16-256) 5% faster.
 _PAIR_BITS = "0x81C081C0"  # bits 15, 8, 7, 6 of both bf16 halves
 _E2M1_BODY = {
     "lo01": f"and.b32 t, $1, {_PAIR_BITS};",
