@@ -144,32 +144,43 @@ def test_gmm_quant_matches_oracle(fmt, activation, paired, monkeypatch):
     as byte pairs (decode-sized tiles, and weights of over 2^31 bytes); else as bytes, forced."""
     if not paired:
         monkeypatch.setattr(gmm_quant_module, "PAIRED_MAX_ROWS", 0)
+    k = 192 if fmt == "mxfp4" else 176
+    run = _epilogue_case(fmt, activation, k, 160, [11, 0, 1, 15], 30)  # 3 rows past the groups
+    run(BlockConfig(block_m=16, block_n=32, block_k=64, min_block_m=16))
+
+
+def _epilogue_case(fmt, activation, k, n, sizes, m):
+    """Random [len(sizes), k, n] weights in `fmt`, m gathered rows of x, bias and row scale: a
+    function of a config that runs gmm_quant with every epilogue and checks it against the
+    float64 oracle (bf16 output, 5e-3) and the rows past the groups (zero)."""
     rng = np.random.default_rng()
-    e, k, n, m = 4, 192 if fmt == "mxfp4" else 176, 160, 30
-    n_out = n // 2 if activation else n
+    e, rows = len(sizes), sum(sizes)
     w = jnp.asarray(rng.standard_normal((e, k, n)) / np.sqrt(k), jnp.bfloat16)
     qw = quant.quantize_weight(w, fmt)
     x = jnp.asarray(rng.standard_normal((m + 5, k)), jnp.bfloat16)
     index = jnp.asarray(rng.integers(0, m + 5, m), jnp.int32)
-    sizes = np.array([11, 0, 1, 15])  # 27 of 30 rows: 3 rows past the groups
     bias = jnp.asarray(rng.standard_normal((e, n)), jnp.float32)
     scale = jnp.asarray(rng.random(m) + 0.5, jnp.float32)
-    out = gmm_quant(
-        x,
-        qw,
-        jnp.asarray(sizes, jnp.int32),
-        lhs_row_index=index,
-        bias=bias,
-        activation=activation,
-        row_scale=scale,
-        config=BlockConfig(block_m=16, block_n=32, block_k=64, min_block_m=16),
-    )
-    assert out.shape == (m, n_out) and out.dtype == jnp.bfloat16
     want = gmm_oracle(
         np.asarray(x)[index], qw.dequantize(jnp.float32), sizes, bias, activation, scale
     )
-    assert rel_err(out, want) < 5e-3
-    np.testing.assert_array_equal(np.asarray(out[27:], np.float32), 0)
+
+    def run(config):
+        out = gmm_quant(
+            x,
+            qw,
+            jnp.asarray(sizes, jnp.int32),
+            lhs_row_index=index,
+            bias=bias,
+            activation=activation,
+            row_scale=scale,
+            config=config,
+        )
+        assert out.shape == (m, n // 2 if activation else n) and out.dtype == jnp.bfloat16
+        assert rel_err(out, want) < 5e-3
+        np.testing.assert_array_equal(np.asarray(out[rows:], np.float32), 0)
+
+    return run
 
 
 def test_mxfp4_small_scales_one_multiply():
@@ -224,35 +235,13 @@ def test_weights_first_tiles_match_oracle(fmt, activation, monkeypatch):
         "dot",
         lambda a, b, **kw: first_operand_rows.append(a.shape[0]) or dot(a, b, **kw),
     )
-    rng = np.random.default_rng()
-    e, k, n, m = 3, 192, 256, 150
-    n_out = n // 2 if activation else n
-    w = jnp.asarray(rng.standard_normal((e, k, n)) / np.sqrt(k), jnp.bfloat16)
-    qw = quant.quantize_weight(w, fmt)
-    x = jnp.asarray(rng.standard_normal((m + 5, k)), jnp.bfloat16)
-    index = jnp.asarray(rng.integers(0, m + 5, m), jnp.int32)
-    sizes = np.array([90, 0, 51])  # visits of 64 and 26 rows, and of 51: 64-, 32- and 64-row paths
-    bias = jnp.asarray(rng.standard_normal((e, n)), jnp.float32)
-    scale = jnp.asarray(rng.random(m) + 0.5, jnp.float32)
-    want = gmm_oracle(
-        np.asarray(x)[index], qw.dequantize(jnp.float32), sizes, bias, activation, scale
-    )
+    # visits of 64 and 26 rows, and of 51: the 64-, 32- and 64-row paths; 9 rows past the groups
+    run = _epilogue_case(fmt, activation, 192, 256, [90, 0, 51], 150)
     for block_n, swapped in ((128 if activation != "gptoss" else 64, True), (32, False)):
         first_operand_rows.clear()
-        cfg = BlockConfig(block_m=64, block_n=block_n, block_k=64, min_block_m=16)
-        out = gmm_quant(
-            x,
-            qw,
-            jnp.asarray(sizes, jnp.int32),
-            lhs_row_index=index,
-            bias=bias,
-            activation=activation,
-            row_scale=scale,
-            config=dataclasses.replace(cfg, weights_first=True),
+        run(
+            BlockConfig(block_m=64, block_n=block_n, block_k=64, min_block_m=16, weights_first=True)
         )
-        assert out.shape == (m, n_out)
-        assert rel_err(out, want) < 5e-3
-        np.testing.assert_array_equal(np.asarray(out[141:], np.float32), 0)
         assert (128 in first_operand_rows) == swapped, first_operand_rows
         assert {16, 32} <= set(first_operand_rows)  # the short paths, x first
 
