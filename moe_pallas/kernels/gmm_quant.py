@@ -114,6 +114,15 @@ PAIRED_MIN_ELEMENTS = 2**31 + 1
 # where bytes load as well and the pairs cost their split (64 x 128 x 64 at [256, 4096, 4096]:
 # 153 / 141).
 PAIRED_MAX_ROWS = 32
+# mxfp4's e8m0 scales are plain loads (a few bytes a thread, below what cp.async moves), so tiles
+# of at most this many rows, whose dots are too short to cover a load's latency, load them a loop
+# step ahead (the last step reloads its own, to stay in range); taller tiles load them in their
+# step. The loop-carried factors are also what keeps these tiles' decode in a blocked layout, its
+# tile staged through shared memory for the dot: loaded in the step, the decode runs in the dot
+# operand's registers (offline SASS, 16 x 64 x 128: BAR.SYNC 2 against 16, no STS.128 against 8,
+# but 335 instructions a thread against 289; carrying the codes instead of the factors: 293, the
+# staging kept), where the step's load latency was measured to cost more (docs/decisions.md).
+MX_SCALES_AHEAD_MAX_ROWS = 32
 # `BlockConfig.weights_first` applies to paths of at least this many rows: wgmma's M is 64.
 WEIGHTS_FIRST_MIN_ROWS = 64
 # fp8_block tiles of at least this many rows fold the block scale into the weights (Math:
@@ -455,11 +464,7 @@ def _kernel(
                     new[c] = new[c] + dot(a_q, w_q)
             return tuple(new)
 
-        # The e8m0 scales are plain loads (a few bytes a thread, below what cp.async moves), so
-        # the 16- and 32-row tiles, whose dots are too short to cover a load's latency, load them
-        # a loop step ahead (the last step reloads its own, to stay in range); taller tiles load
-        # them in their step.
-        ahead = h <= 32
+        ahead = h <= MX_SCALES_AHEAD_MAX_ROWS
 
         def mx_body(i, carry):
             accs, scales = carry
