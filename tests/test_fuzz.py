@@ -28,10 +28,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from moe_pallas import moe_experts, ragged_dot, tgmm
+from moe_pallas import moe_experts, quant, ragged_dot, tgmm
 from moe_pallas.activations import glu, split_gate_up
 from moe_pallas.backends import cublas_slab
 from moe_pallas.kernels import BlockConfig, gmm
+from moe_pallas.kernels.gmm_quant import gmm_quant
 from moe_pallas.reference import moe_experts_reference
 from tests.helpers import tile_schedule
 
@@ -379,6 +380,68 @@ def test_gmm_epilogues_match_float64(seed, shape, kind, epilogue, block):
         with jax.enable_x64(True):
             want = _epilogue64(lhs, rhs, sizes, row_index, bias, activation, scale)
         assert _rel_err(got, want) < TOL[dtype], _rel_err(got, want)
+
+
+QUANT_SHAPES = (  # (M, K, N, G): K a multiple of 64 (mxfp4's), 2880 as gpt-oss's
+    [(1, 2880, 160, 4), (300, 256, 384, 16), (2048, 2880, 192, 32)]
+    if ON_GPU
+    else [(7, 64, 40, 3), (48, 128, 24, 6), (33, 64, 48, 5)]
+)
+QUANT_CONFIGS = [  # (block_m, block_n, min_block_m, weights_first): decode and wgmma tiles
+    (16, 32, None, False),
+    (32, 64, 16, False),
+    (64, 32, 16, False),
+    (64, 64, 16, True),
+]
+
+
+@functools.partial(jax.jit, static_argnames=("activation", "config"))
+def _gmm_quant_jit(lhs, rhs, sizes, row_index, bias, row_scale, activation, config):
+    return gmm_quant(
+        lhs,
+        rhs,
+        sizes,
+        lhs_row_index=row_index,
+        bias=bias,
+        activation=activation,
+        row_scale=row_scale,
+        config=config,
+    )
+
+
+@settings(max_examples=max(settings().max_examples // 3, 1))  # each draw compiles a kernel
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    shape=st.sampled_from(QUANT_SHAPES),
+    fmt=st.sampled_from(quant.FORMATS),
+    kind=st.sampled_from(GROUP_KINDS),
+    epilogue=st.sampled_from(EPILOGUES),
+    config=st.sampled_from(QUANT_CONFIGS),
+    k_cut=st.sampled_from([0, 0, 2, 4]),
+)
+def test_gmm_quant_epilogues_match_float64(seed, shape, fmt, kind, epilogue, config, k_cut):
+    """The quantised gmm (fp8, fp8_block, mxfp4 as stored) with every epilogue, at decode and
+    wgmma tiles (weights first or not), against float64 on the exactly decoded weights; fp8 K cut
+    by k_cut (K not a multiple of 4: bytes where the decode tiles read byte pairs)."""
+    _stop_when_out_of_time()
+    with _Example("test_gmm_quant_epilogues_match_float64", **locals()):
+        m, k, n, g = shape
+        k -= 0 if fmt == "mxfp4" else k_cut
+        gather, has_bias, has_scale, activation = epilogue
+        block_m, block_n, min_block_m, weights_first = config
+        rng = np.random.default_rng(seed)
+        sizes = _group_sizes(rng, kind, g, m)
+        lhs = _values(rng, (max(m // 2, 1) if gather else m, k), jnp.bfloat16)
+        rhs = quant.quantize_weight(_values(rng, (g, k, 2 * n), jnp.float32, k**-0.5), fmt)
+        row_index = rng.integers(0, lhs.shape[0], m).astype(np.int32) if gather else None
+        bias = _values(rng, (g, 2 * n), jnp.float32) if has_bias else None
+        scale = _values(rng, (m,), jnp.float32) if has_scale else None
+        cfg = BlockConfig(block_m, block_n, 64, 2, 4, 2, min_block_m, weights_first=weights_first)
+        got = _gmm_quant_jit(lhs, rhs, jnp.asarray(sizes), row_index, bias, scale, activation, cfg)
+        with jax.enable_x64(True):
+            dense = rhs.dequantize(jnp.float32)
+            want = _epilogue64(lhs, dense, sizes, row_index, bias, activation, scale)
+        assert _rel_err(got, want) < TOL[jnp.bfloat16], _rel_err(got, want)
 
 
 def _routing(rng, kind, tokens, experts, top_k):
