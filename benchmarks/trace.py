@@ -3,6 +3,9 @@
     python -m benchmarks.trace [--case gptoss:fwd:16384 swiglu256:train:8192 ...] [--impl NAME]
                                [--steps 10] [--out FILE.md] [--small]
 
+(`--impl moe_pallas:auto+fp8`, `+fp8_block`, `+mxfp4`: the layer on quantised expert weights,
+forward cases.)
+
 Per case (workload:mode:T, mode fwd or train; the benchmark suites' inputs, `benchmarks.run`):
 `--impl` (default moe_pallas:auto) and `cublas_line` are each compiled, run once, timed by the
 suites' method (`run.measure`: median of bursts of back-to-back calls), then run `--steps` more
@@ -234,7 +237,12 @@ def main(argv: list[str] | None = None) -> str:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--case", nargs="+", default=list(DEFAULT_CASES))
-    parser.add_argument("--impl", default="moe_pallas:auto", choices=_impls.OURS)
+    parser.add_argument(
+        "--impl",
+        default="moe_pallas:auto",
+        choices=[*_impls.OURS, *(f"moe_pallas:auto+{f}" for f in _impls.QUANT_FORMATS)],
+        help="ours, or our layer on quantised expert weights (moe_pallas:auto+fp8, ...)",
+    )
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--budget", type=float, default=0.3)
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
