@@ -422,7 +422,7 @@ def export_experts(
                 tensors[prefix + source] = cast(jnp.asarray(params[n]))
         return tensors
     if stored:
-        return _fp8_checkpoint(params, stored, prefix)
+        return _fp8_checkpoint(stored, prefix)
     w_gate_up, w_down = jnp.asarray(params["w_gate_up"]), jnp.asarray(params["w_down"])
     inter = w_gate_up.shape[2] // 2
     tensors = {}
@@ -448,7 +448,7 @@ def _mxfp4_checkpoint(values, scales):
     return blocks, jnp.swapaxes(scales, 1, 2)
 
 
-def _fp8_checkpoint(params, stored, prefix):
+def _fp8_checkpoint(stored, prefix):
     """per_expert tensors of "fp8_block" weights: each projection's float8_e4m3fn [out, in]
     values and its [ceil(out/128), ceil(in/128)] factors. A weight's factors are per column
     block of its N (gate and up side by side in w_gate_up) or per column; a projection's 128
