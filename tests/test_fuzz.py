@@ -330,9 +330,10 @@ def _epilogue64(lhs, rhs, sizes, row_index, bias, activation, row_scale):
     return h * (row_scale[:, None] if row_scale is not None else 1)
 
 
-@functools.partial(jax.jit, static_argnames=("activation", "config"))
-def _gmm_jit(lhs, rhs, sizes, row_index, bias, row_scale, activation, config):
-    return gmm(
+@functools.partial(jax.jit, static_argnames=("activation", "config", "kernel"))
+def _gmm_jit(lhs, rhs, sizes, row_index, bias, row_scale, activation, config, kernel=gmm):
+    """`kernel` (gmm, or gmm_quant on a QuantizedWeight rhs) with every epilogue."""
+    return kernel(
         lhs,
         rhs,
         sizes,
@@ -395,20 +396,6 @@ QUANT_CONFIGS = [  # (block_m, block_n, min_block_m, weights_first): decode and 
 ]
 
 
-@functools.partial(jax.jit, static_argnames=("activation", "config"))
-def _gmm_quant_jit(lhs, rhs, sizes, row_index, bias, row_scale, activation, config):
-    return gmm_quant(
-        lhs,
-        rhs,
-        sizes,
-        lhs_row_index=row_index,
-        bias=bias,
-        activation=activation,
-        row_scale=row_scale,
-        config=config,
-    )
-
-
 @settings(max_examples=max(settings().max_examples // 3, 1))  # each draw compiles a kernel
 @given(
     seed=st.integers(0, 2**32 - 1),
@@ -437,7 +424,9 @@ def test_gmm_quant_epilogues_match_float64(seed, shape, fmt, kind, epilogue, con
         bias = _values(rng, (g, 2 * n), jnp.float32) if has_bias else None
         scale = _values(rng, (m,), jnp.float32) if has_scale else None
         cfg = BlockConfig(block_m, block_n, 64, 2, 4, 2, min_block_m, weights_first=weights_first)
-        got = _gmm_quant_jit(lhs, rhs, jnp.asarray(sizes), row_index, bias, scale, activation, cfg)
+        got = _gmm_jit(
+            lhs, rhs, jnp.asarray(sizes), row_index, bias, scale, activation, cfg, gmm_quant
+        )
         with jax.enable_x64(True):
             dense = rhs.dequantize(jnp.float32)
             want = _epilogue64(lhs, dense, sizes, row_index, bias, activation, scale)
