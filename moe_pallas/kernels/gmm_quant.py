@@ -509,10 +509,9 @@ def _kernel(
                         col_mask(width, valid),
                     )
                     if h < FOLD_MIN_ROWS:  # the step's partial dot scaled in float32
-                        d = functools.reduce(
-                            jnp.add, (plgpu.dot(a_t, w_t, trans_b=True) for a_t, w_t in terms)
-                        )
-                        new[c] = new[c] + d * block_scales[None, :]
+                        d = functools.reduce(jnp.add, (dot(a_t, w_t) for a_t, w_t in terms))
+                        s_cols = block_scales[:, None] if swapped else block_scales[None, :]
+                        new[c] = new[c] + d * s_cols
                         continue
                     # the scale folded into the weights (Math: fp8_block), dots in place
                     s_w = block_scales.astype(compute_dtype)[:, None]
@@ -645,8 +644,8 @@ def gmm_quant(
         and block_width >= 16 * cfg.num_warps
         and (fmt == "mxfp4" or k_dim % 4 == 0)
     )
-    decode = (cfg.block_m <= PAIRED_MAX_ROWS or weights_first) and k_dim % 4 == 0
-    paired = fmt != "mxfp4" and (offsets or decode)
+    pairs_pay = (cfg.block_m <= PAIRED_MAX_ROWS and k_dim % 4 == 0) or weights_first
+    paired = fmt != "mxfp4" and (offsets or pairs_pay)
     if paired:
         if k_dim % 4:
             raise ValueError(
