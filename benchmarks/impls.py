@@ -15,7 +15,9 @@ routing weights); gmm/tgmm cases time one grouped matmul.
   torch._grouped_mm     the same glue in PyTorch around `torch._grouped_mm`, combine by index_add_.
   torch_loop            a loop over experts with `index_add_` (slow; not in the default set).
   moe_pallas:auto+FMT   our layer with the expert weights stored as FMT (fp8, fp8_block, mxfp4;
-                        forward cases), its message the weight-read floor of the stored bytes.
+                        forward cases), its message the weight-read floor of the stored bytes;
+                        FMT fp8_a8 / fp8_block_a8: those weights with `fp8_activations` (the
+                        activations in e4m3 too, products on the FP8 tensor cores).
   tokamax+FMT           the tokamax glue with FMT weights as a qwix QArray (`qarray_parts`), so
                         tokamax's quantised ragged_dot runs (on Hopper: scales that tile K only).
   cublas_line           the yardstick: the case's matmul work as cuBLAS batched dots with perfect
@@ -163,13 +165,15 @@ def _ours(backend: str):
 
 
 QUANT_FORMATS = ("fp8", "fp8_block", "mxfp4")
+A8 = "_a8"  # a format's suffix for its weights with `fp8_activations` (ours only)
+A8_FORMATS = ("fp8" + A8, "fp8_block" + A8)
 
 
 def weight_format(impl: str) -> str | None:
     """The quantised weight format an implementation's name carries ("moe_pallas:auto+fp8":
     "fp8"), or None for bf16 weights."""
     fmt = impl.rpartition("+")[2]
-    return fmt if "+" in impl and fmt in QUANT_FORMATS else None
+    return fmt if "+" in impl and fmt in QUANT_FORMATS + A8_FORMATS else None
 
 
 @functools.cache
@@ -194,7 +198,8 @@ def _quantized_params(case: Case, inputs: dict, fmt: str) -> dict:
         raise Skip("not implemented: quantised weights run forward layer cases only")
     # eagerly, so that mxfp4's scale bound is known (`QuantizedWeight.small_scales`), as after
     # load_experts
-    return moe_pallas.quantize_experts(inputs["params"], fmt)
+    base = fmt.removesuffix(A8)
+    return moe_pallas.quantize_experts(inputs["params"], base, fp8_activations=base != fmt)
 
 
 FLOOR = "weight-read floor "
@@ -641,7 +646,7 @@ IMPLS: dict[str, Callable[[Case, dict], Prepared]] = {
     "torch._grouped_mm": _prepare_torch_grouped,
     "torch_loop": _prepare_torch_loop,
     LINE: _prepare_line,
-    **{f"moe_pallas:auto+{fmt}": _ours_quantized(fmt) for fmt in QUANT_FORMATS},
+    **{f"moe_pallas:auto+{fmt}": _ours_quantized(fmt) for fmt in QUANT_FORMATS + A8_FORMATS},
     **{f"tokamax+{fmt}": _tokamax_quantized(fmt) for fmt in QUANT_FORMATS},
 }
 # Implementations whose prepare only traces and compiles jax code, so that the runner may prepare
@@ -654,5 +659,6 @@ COMPILE_AHEAD = frozenset(
         *OURS,
         "tokamax",
         *(f"{impl}+{fmt}" for impl in ("moe_pallas:auto", "tokamax") for fmt in QUANT_FORMATS),
+        *(f"moe_pallas:auto+{fmt}" for fmt in A8_FORMATS),
     ]
 )

@@ -3,7 +3,7 @@
     python -m benchmarks.sass [--weights bf16|fp8|fp8_block|mxfp4] [--rows 16] [--block-n 64]
                               [--block-k 128] [--warps 4] [--stages 3] [--k 2880] [--n 2880]
                               [--activation swiglu|gptoss] [--experts 128] [--large-scales]
-                              [--weights-first] [--keep DIR]
+                              [--weights-first] [--fp8-activations] [--keep DIR]
 
 The gmm (row scale, plain or with a GLU epilogue; `kernels.gmm` for bf16 weights,
 `kernels.gmm_quant` for the stored formats) at one tile config is lowered for an abstract H200
@@ -99,9 +99,22 @@ def triton_module(args) -> str:
         stored = quant.quantize_weight(jnp.zeros((1, k, n), jnp.bfloat16), args.weights)
         stored = dataclasses.replace(stored, small_scales=not args.large_scales)
         w = jax.tree.map(lambda a: sds((e, *a.shape[1:]), a.dtype), stored)
-        fn = lambda lhs, sizes, w, scale: gmm_quant(
-            lhs, w, sizes, row_scale=scale, activation=act, config=cfg
-        )
+
+        def fn(lhs, sizes, w, scale):
+            lhs_scales = None
+            if args.fp8_activations:  # as the pallas_triton backend calls it
+                lhs, lhs_scales = quant.quantize_rows(lhs)
+            return gmm_quant(
+                lhs,
+                w,
+                sizes,
+                row_scale=scale,
+                activation=act,
+                out_dtype=jnp.bfloat16,
+                lhs_scales=lhs_scales,
+                config=cfg,
+            )
+
     modules = []
     lower = pallas_call_registration.lowering.lower_jaxpr_to_triton_module
 
@@ -179,6 +192,11 @@ def main(argv=None) -> int:
         "--weights-first",
         action="store_true",
         help="quantised weights: BlockConfig.weights_first (acc^T = w x^T on 64+-row tiles)",
+    )
+    parser.add_argument(
+        "--fp8-activations",
+        action="store_true",
+        help="fp8/fp8_block weights: activations in e4m3 too, products on the FP8 tensor cores",
     )
     parser.add_argument(
         "--large-scales",

@@ -240,7 +240,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument(
         "--impl",
         default="moe_pallas:auto",
-        choices=[*_impls.OURS, *(f"moe_pallas:auto+{f}" for f in _impls.QUANT_FORMATS)],
+        choices=[
+            *_impls.OURS,
+            *(f"moe_pallas:auto+{f}" for f in _impls.QUANT_FORMATS + _impls.A8_FORMATS),
+        ],
         help="ours, or our layer on quantised expert weights (moe_pallas:auto+fp8, ...)",
     )
     parser.add_argument("--steps", type=int, default=10)

@@ -5,7 +5,12 @@ from moe_pallas.experts import moe_experts
 from moe_pallas.layer import MoE
 from moe_pallas.ops import ragged_dot, tgmm
 from moe_pallas.parallel import expert_mesh
-from moe_pallas.quant import QuantizedWeight, dequantize_experts, quantize_experts
+from moe_pallas.quant import (
+    QuantizedWeight,
+    dequantize_experts,
+    quantize_experts,
+    use_fp8_activations,
+)
 from moe_pallas.routing import route
 from moe_pallas.safetensors_io import read_safetensors
 from moe_pallas.weights import export_experts, load_experts, set_expert_params
@@ -25,5 +30,6 @@ __all__ = [
     "route",
     "set_expert_params",
     "tgmm",
+    "use_fp8_activations",
 ]
 __version__ = "0.1.0"

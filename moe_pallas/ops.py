@@ -150,6 +150,10 @@ def ragged_dot(
     rhs = quant.guard_gradients(rhs)
     debug.check_scale_bound("rhs", rhs)
     if policy == "xla" and quant.is_quantized(rhs):  # a dense copy per call
+        if rhs.fp8_activations:  # the products the FP8 tensor cores compute, exactly
+            lhs, rhs = quant.fp8_rows(lhs, jnp.float32), rhs.dequantize(jnp.float32)
+            out = jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=jnp.float32)
+            return out.astype(out_dtype)
         rhs = rhs.dequantize()
     if policy == "xla":
         return jax.lax.ragged_dot(lhs, rhs, group_sizes, preferred_element_type=out_dtype)

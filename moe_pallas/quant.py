@@ -42,6 +42,16 @@ finite value), "fp8_block" = per 128 x 128 block absmax / 448, values rounded to
 largest value lands in [4, 8)), values rounded to nearest even on the e2m1 grid, saturating at 6.
 Decoding is exact: every fp8 and e2m1 value times a power of two or a float32 scale is computed
 in float32 and rounded once to the requested dtype.
+
+FP8 activations (`QuantizedWeight.fp8_activations`, "fp8" and "fp8_block" weights; set by
+`quantize_experts(..., fp8_activations=True)` or `use_fp8_activations`): the products with such a
+weight quantise their activations as DeepSeek-V3 does, e4m3 values with a float32 scale per row
+and 128 values of K (`quantize_rows`: absmax / 448, round to nearest even), and multiply on the
+FP8 tensor cores (`kernels.gmm_quant`), twice bf16's rate. The result is then the product of the
+quantised activations with the weights (e4m3 keeps 4 significant bits: each activation within
+2^-4 of its value, relative), no longer the bf16 layer's within bf16 rounding
+(docs/reliability.md); the xla backend computes the same quantised product. The backward's
+products (dx, the routing weights' gradient) stay in x's dtype.
 """
 
 import dataclasses
@@ -56,7 +66,7 @@ from moe_pallas.kernels.mx_words import mxfp4_pack, mxfp4_unpack
 
 FORMATS: tuple[str, ...] = ("fp8", "fp8_block", "mxfp4")
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
-FP8_BLOCK = 128  # block edge of "fp8_block" scales
+FP8_BLOCK = 128  # block edge of "fp8_block" scales; values of K per fp8 activation scale
 MX_BLOCK = 32  # values of K per "mxfp4" scale
 # The largest e8m0 code whose power 2^(code - 1) is a bf16 (`QuantizedWeight.small_scales`).
 MX_SMALL_CODE = 128
@@ -78,13 +88,24 @@ class QuantizedWeight:
     lets the kernel scale each decoded pair with one multiply instead of two
     (`kernels.gmm_quant`). `quantize_experts` and `load_experts` set it where the scales are
     concrete (not under `jit`; `with_scale_bound` sets it later); False is always correct, True
-    on larger codes gives wrong weights (`moe_pallas.debug_checks` catches that)."""
+    on larger codes gives wrong weights (`moe_pallas.debug_checks` catches that).
+    fp8_activations (static, "fp8" and "fp8_block"): products with this weight quantise their
+    activations to e4m3 per row and 128 values of K and run on the FP8 tensor cores (module
+    docstring)."""
 
     values: jax.Array
     scales: jax.Array
     fmt: str = dataclasses.field(metadata={"static": True})
     dtype: jnp.dtype = dataclasses.field(metadata={"static": True})
     small_scales: bool = dataclasses.field(default=False, metadata={"static": True})
+    fp8_activations: bool = dataclasses.field(default=False, metadata={"static": True})
+
+    def __post_init__(self):
+        if self.fp8_activations and self.fmt not in ("fp8", "fp8_block"):
+            raise ValueError(
+                f"fp8_activations needs 'fp8' or 'fp8_block' weights (the FP8 tensor cores take "
+                f"e4m3 operands), got fmt={self.fmt!r}."
+            )
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -127,6 +148,42 @@ def with_scale_bound(w: QuantizedWeight) -> QuantizedWeight:
     if w.fmt != "mxfp4" or isinstance(w.scales, jax.core.Tracer) or w.scales.size == 0:
         return w
     return dataclasses.replace(w, small_scales=bool(jnp.max(w.scales) <= MX_SMALL_CODE))
+
+
+def quantize_rows(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Activations x [M, K] -> (values float8_e4m3fn [M, K], scales float32 [M, ceil(K/128)]):
+    per row and 128 values of K, scale = absmax / 448 (1 for a block of zeros) and values =
+    x / scale rounded to nearest even, so x ≈ values · scale (module docstring, FP8
+    activations). A NaN or infinite entry makes its row's products NaN."""
+    m, k = x.shape
+    kb = -(-k // FP8_BLOCK)
+    xf = jnp.pad(x.astype(jnp.float32), ((0, 0), (0, kb * FP8_BLOCK - k)))
+    blocks = xf.reshape(m, kb, FP8_BLOCK)
+    scales = _safe_scale(jnp.max(jnp.abs(blocks), axis=2))
+    values = jnp.clip(blocks / scales[:, :, None], -FP8_MAX, FP8_MAX).astype(jnp.float8_e4m3fn)
+    return values.reshape(m, kb * FP8_BLOCK)[:, :k], scales
+
+
+def dequantize_rows(values: jax.Array, scales: jax.Array, dtype) -> jax.Array:
+    """`quantize_rows`' inverse: values · scales in float32, rounded once to dtype."""
+    k = values.shape[1]
+    s = jnp.repeat(scales, FP8_BLOCK, axis=1)[:, :k]
+    return (values.astype(jnp.float32) * s).astype(dtype)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def fp8_rows(x: jax.Array, dtype=None) -> jax.Array:
+    """x through `quantize_rows` and back, in dtype (default x's; float32 holds every value
+    exactly): the activations an FP8 product multiplies (the xla backend's form of it). Its
+    derivative is the identity (straight through), as the Pallas backends' backward, which
+    multiplies the upstream gradient by the weights alone."""
+    return dequantize_rows(*quantize_rows(x), dtype or x.dtype)
+
+
+@fp8_rows.defjvp
+def _fp8_rows_jvp(dtype, primals, tangents):
+    out = fp8_rows(primals[0], dtype)
+    return out, tangents[0].astype(out.dtype)
 
 
 def _check_fmt(fmt):
@@ -233,13 +290,26 @@ def _quantize_one(w, fmt):
     return packed, code.astype(jnp.uint8)
 
 
-def quantize_experts(params: Mapping, fmt: str) -> dict:
+def quantize_experts(params: Mapping, fmt: str, *, fp8_activations: bool = False) -> dict:
     """params with `w_gate_up` and `w_down` replaced by `QuantizedWeight`s of `fmt` ("fp8",
-    "fp8_block", "mxfp4"); biases and other entries unchanged."""
+    "fp8_block", "mxfp4"); biases and other entries unchanged. fp8_activations ("fp8",
+    "fp8_block"): their products also quantise the activations and run on the FP8 tensor cores
+    (module docstring)."""
     _check_fmt(fmt)
-    return {
+    qparams = {
         name: quantize_weight(v, fmt) if name in _WEIGHT_NAMES and v is not None else v
         for name, v in dict(params).items()
+    }
+    return use_fp8_activations(qparams) if fp8_activations else qparams
+
+
+def use_fp8_activations(qparams: Mapping, enable: bool = True) -> dict:
+    """qparams with every `QuantizedWeight`'s `fp8_activations` set to `enable` (e.g. on
+    checkpoint weights from `load_experts(..., dequantize=False)`); each must be "fp8" or
+    "fp8_block" to enable it."""
+    return {
+        k: dataclasses.replace(v, fp8_activations=enable) if is_quantized(v) else v
+        for k, v in dict(qparams).items()
     }
 
 

@@ -5,7 +5,9 @@ Config of a call: the tuning table's "pallas_triton" entry for (kernel, dtype, K
 the gmm kernels: with few rows each hit expert's weights must be split over every SM to stream at
 full bandwidth (at T = 1, 4 experts x 45 column tiles would leave SMs idle). A gmm on a
 `quant.QuantizedWeight` runs `kernels.gmm_quant` with the entry of its stored element type
-(float8_e4m3fn, float4_e2m1fn), else the bf16 ("*") entry of its shape.
+(float8_e4m3fn, float4_e2m1fn), else the bf16 ("*") entry of its shape; with `fp8_activations`
+its activations are quantised here, per row and 128 values of K (`quant.quantize_rows`), for
+gmm_quant's FP8 products.
 """
 
 import dataclasses
@@ -86,6 +88,10 @@ def gmm(
         activation,
     )
     if quant.is_quantized(rhs):  # (transposed ones arrive dequantised: backends.gmm)
+        lhs_scales = None
+        if rhs.fp8_activations:  # e4m3 rows for the FP8 tensor cores
+            out_dtype = out_dtype or lhs.dtype
+            lhs, lhs_scales = quant.quantize_rows(lhs)
         return _gmm_quant(
             lhs,
             rhs,
@@ -93,6 +99,7 @@ def gmm(
             lhs_row_index=lhs_row_index,
             activation=activation,
             out_dtype=out_dtype,
+            lhs_scales=lhs_scales,
             config=cfg,
             **epilogue,
         )

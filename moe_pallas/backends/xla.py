@@ -10,6 +10,9 @@ k rows summed in float32.
 
 Quantised weights (`moe_pallas.quant.QuantizedWeight`) are dequantised to their logical dtype at
 each call: the dense weights are materialised here (the Pallas backend streams them as stored).
+A weight with `fp8_activations` multiplies activations taken through e4m3 and back
+(`quant.fp8_rows`), the values the FP8 tensor cores multiply on the Pallas backend, both operands
+exact in float32, so the two backends compute the same product up to summation order.
 """
 
 import jax
@@ -49,7 +52,9 @@ def gmm(
 ):
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     if quant.is_quantized(rhs):  # a dense copy per call (module docstring)
-        rhs = rhs.dequantize()
+        fp8 = rhs.fp8_activations and not transpose_rhs
+        lhs = quant.fp8_rows(lhs, jnp.float32) if fp8 else lhs
+        rhs = rhs.dequantize(jnp.float32 if fp8 else None)
     if lhs_row_index is not None:
         lhs = lhs[lhs_row_index]
     rhs = jnp.swapaxes(rhs, 1, 2) if transpose_rhs else rhs
@@ -101,11 +106,16 @@ def combine(rows, pair_row, *, out_dtype=None):
 
 def experts(x, topk_idx, topk_weight, params, activation):
     """The expert block (`moe_pallas.moe_experts`) in plain JAX; arguments validated."""
-    params = quant.dequantize_experts(params)  # a dense copy per call (module docstring)
+    fp8 = {k: quant.is_quantized(v) and v.fp8_activations for k, v in params.items()}
+    params = {  # a dense copy per call (module docstring)
+        k: v.dequantize(jnp.float32 if fp8[k] else None) if quant.is_quantized(v) else v
+        for k, v in params.items()
+    }
+    through = lambda name, rows: quant.fp8_rows(rows, jnp.float32) if fp8[name] else rows
     num_tokens, top_k = topk_idx.shape
     num_experts = params["w_gate_up"].shape[0]
     d = dispatch.dispatch(topk_idx, num_experts)
-    x_sorted = x[d.row_token]
+    x_sorted = through("w_gate_up", x)[d.row_token]
     acc = jnp.promote_types(x.dtype, jnp.float32)  # float64 inputs keep float64 (gradient checks)
     row_valid = d.row_expert < num_experts
     row_expert = jnp.where(row_valid, d.row_expert, 0)
@@ -113,7 +123,9 @@ def experts(x, topk_idx, topk_weight, params, activation):
     if "b_gate_up" in params:
         h = h + params["b_gate_up"].astype(acc)[row_expert]
     a = glu(*split_gate_up(h, activation), activation).astype(x.dtype)
-    y = _grouped_dot(a, params["w_down"], d.group_sizes, acc, row_expert, row_valid)
+    y = _grouped_dot(
+        through("w_down", a), params["w_down"], d.group_sizes, acc, row_expert, row_valid
+    )
     if "b_down" in params:
         y = y + params["b_down"].astype(acc)[row_expert]
     row_weight = jnp.where(row_valid, topk_weight.reshape(-1)[d.row_pair].astype(acc), 0)

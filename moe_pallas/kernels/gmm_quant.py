@@ -33,6 +33,24 @@ Each format puts its scale where it costs least:
     acc += dot(x[:, k_lo], lo · 2^(s_lo − 127)) + dot(x[:, k_hi], hi · 2^(s_hi − 127)).
     A loop step takes block_k / 64 sub-blocks (more weight bytes in flight per step); K is a
     multiple of 64, so there is no K tail.
+With fp8 activations (`lhs_scales` given: lhs float8_e4m3fn values q_x with a float32 scale per
+row and 128 values of K, `quant.quantize_rows`; "fp8" and "fp8_block" weights) nothing is
+decoded: each K step of 128 is one e4m3 x e4m3 product on the FP8 tensor cores
+(`kernels.fp8_dot`: the step's partial sum kept in the tensor core, the DeepSeek-V3 recipe's
+promotion interval), scaled into the float32 accumulator by the step's row and weight scales:
+    acc += fp8_dot(q_x[:, k0:k0+128], q_w[cols, k0:k0+128]) · s_x[:, k0 // 128] · s_w,
+s_w the "fp8_block" scale of the step's block (one scalar a step where the tile's columns lie in
+one 128-column block, else a column's own), or 1 for "fp8", whose column scale stays in the
+epilogue. Calls that read the values as byte pairs (decode-sized tiles, and values past 2^31
+bytes: Offsets) convert both operands exactly to float16 instead (e4m3's values are float16s) and
+scale the step's float16 dots alike: at 16 rows fp8 wgmma does not apply (its M is 64) and
+mma.sync has no e4m3 form on sm_90. x's values enter as float16 (converted once per call: the
+dot's operand layout repeats x in every warp, which would convert it once a warp), and the
+weights' pairs convert as without fp8 activations (offline SASS of the 16 x 64 x 128 K loop, 136
+instructions a thread for fp8 and 146 for fp8_block, against 120 and 135 without; 169 with
+x's bytes converted in the kernel).
+The result is the float32 product of the quantised operands, up to the tensor core's summation
+within a step (docs/reliability.md).
 Every other scale product is exact (mxfp4's in bf16, `_e2m1`) or one float32 multiply of a
 float32 partial sum, so the result equals the float32-accumulated product with the exactly
 decoded weights up to float32 summation order (fp8_block's folded tiles: up to the two float16
@@ -98,6 +116,7 @@ from moe_pallas import dispatch
 from moe_pallas.activations import glu
 from moe_pallas.kernels import _common
 from moe_pallas.kernels.config import BlockConfig
+from moe_pallas.kernels.fp8_dot import fp8_dot
 from moe_pallas.kernels.mx_words import mxfp4_unpack
 
 FP8_BLOCK = 128
@@ -342,12 +361,14 @@ def _kernel(
     folded: bool,
     small_scales: bool,
     weights_first: bool,
+    fp8_lhs: bool,
+    uniform_block_scale: bool,
 ):
     it = iter(refs)
     group_ref, m_start_ref, row_end_ref = (next(it) for _ in range(3))
     row_index_ref = next(it) if gather else None
     lhs_ref, values_ref, scales_ref = next(it), next(it), next(it)
-    lhs_scale_ref = next(it) if f16_rows else None
+    lhs_scale_ref = next(it) if f16_rows or fp8_lhs else None
     col_power_ref = next(it) if folded else None
     bias_ref = next(it) if has_bias else None
     row_scale_ref = next(it) if has_row_scale else None
@@ -421,8 +442,10 @@ def _kernel(
             ks = k0 + jnp.arange(depth, dtype=jnp.int32)
             a_mask = _and(row_ok[:, None], None if k_mask is None else k_mask[None, :])
             if gather:
-                return _load(lhs_ref.at[src[:, None], ks[None, :]], a_mask).astype(compute_dtype)
-            return _load(lhs_ref.at[pl.ds(m0, h), pl.ds(k0, depth)], a_mask).astype(compute_dtype)
+                tile = _load(lhs_ref.at[src[:, None], ks[None, :]], a_mask)
+            else:
+                tile = _load(lhs_ref.at[pl.ds(m0, h), pl.ds(k0, depth)], a_mask)
+            return tile.astype(compute_dtype)
 
         sub_blocks = k_dim // (2 * MX_BLOCK)
 
@@ -493,7 +516,34 @@ def _kernel(
                 k_mask = ks < k_dim if k_dim % bk else None
                 a = lhs_tile(k0, bk, k_mask)
             new = list(accs)
+            if fp8_lhs:  # (Math: fp8 activations) a step's partial dot scaled in float32
+                s_x = _load(
+                    lhs_scale_ref.at[src, k0 // FP8_BLOCK]
+                    if gather
+                    else lhs_scale_ref.at[pl.ds(m0, h), k0 // FP8_BLOCK],
+                    row_ok,
+                )
+                if not paired:  # (paired: x's values arrive as float16)
+                    a8 = jax.lax.bitcast_convert_type(a, jnp.float8_e4m3fn)
+
+            def fp8_lhs_scale(c0, width, valid):
+                """The float32 factor [h, 1] or [h, width] of a step's partial dot."""
+                if fmt == "fp8":  # (the column scale is the epilogue's)
+                    return s_x[:, None]
+                if uniform_block_scale:  # the tile's columns lie in one 128-column block
+                    return (s_x * scales_ref[g, k0 // FP8_BLOCK, c0 // FP8_BLOCK])[:, None]
+                s_w = _load(
+                    scales_ref.at[g, k0 // FP8_BLOCK, block_scale_cols(c0, width)],
+                    col_mask(width, valid),
+                )
+                return s_x[:, None] * s_w[None, :]
+
             for c, (c0, width, valid) in enumerate(blocks):
+                if fp8_lhs and not paired:  # one product on the FP8 tensor cores
+                    q = load_values(c0, width, valid, k0, bk, k_mask)
+                    d = fp8_dot(a8, jax.lax.bitcast_convert_type(q, jnp.float8_e4m3fn))
+                    new[c] = new[c] + d * fp8_lhs_scale(c0, width, valid)
+                    continue
                 if paired:
                     pairs = load_values(c0, width, valid, p0, bk // 2, pair_mask)
                     terms = [
@@ -503,6 +553,10 @@ def _kernel(
                 else:
                     q = load_values(c0, width, valid, k0, bk, k_mask)
                     terms = [(a, _e4m3_f16(q).astype(compute_dtype))]
+                if fp8_lhs:  # float16 dots of the paired view
+                    d = functools.reduce(jnp.add, (dot(a_t, w_t) for a_t, w_t in terms))
+                    new[c] = new[c] + d * fp8_lhs_scale(c0, width, valid)
+                    continue
                 if fmt == "fp8_block":
                     block_scales = _load(
                         scales_ref.at[g, k0 // FP8_BLOCK, block_scale_cols(c0, width)],
@@ -594,6 +648,13 @@ def _format_tile(fmt: str, cfg: BlockConfig) -> BlockConfig:
     return dataclasses.replace(cfg, block_k=min(cfg.block_k, 2 * FP8_BLOCK))
 
 
+def _one_scale_block(cfg: BlockConfig, activation, n_out: int) -> bool:
+    """Whether every weight column block of a tile (`_kernel`'s blocks) lies in one 128-column
+    scale block: its width divides 128 and its first column is a multiple of the width."""
+    width = cfg.block_n * (2 if activation == "gptoss" else 1)
+    return FP8_BLOCK % width == 0 and (activation != "swiglu" or n_out % width == 0)
+
+
 def gmm_quant(
     lhs: jax.Array,
     rhs,
@@ -604,15 +665,31 @@ def gmm_quant(
     activation: str | None = None,
     row_scale: jax.Array | None = None,
     out_dtype=None,
+    lhs_scales: jax.Array | None = None,
     config: BlockConfig | None = None,
 ) -> jax.Array:
     """`kernels.gmm.gmm` (no transpose_rhs) with rhs a `QuantizedWeight` of logical shape
     [G, K, N] (module docstring); config's tail_m is ignored and its K step fitted to the format
-    (`_format_tile`)."""
+    (`_format_tile`). With lhs_scales (float32 [M, ceil(K/128)]) lhs holds float8_e4m3fn values,
+    lhs = lhs · lhs_scales per row and 128 values of K (`quant.quantize_rows`), and the products
+    run on the FP8 tensor cores (Math: fp8 activations); out_dtype is then required."""
     fmt = rhs.fmt
     num_groups, k_dim, n_dim = rhs.shape
     if lhs.ndim != 2 or lhs.shape[1] != k_dim:
         raise ValueError(f"lhs must be [M, K={k_dim}], got {lhs.shape}.")
+    fp8_lhs = lhs_scales is not None
+    if fp8_lhs:
+        if fmt == "mxfp4" or lhs.dtype != jnp.float8_e4m3fn or out_dtype is None:
+            raise ValueError(
+                "fp8 activations (lhs_scales) need float8_e4m3fn lhs values, 'fp8' or "
+                f"'fp8_block' weights and an out_dtype; got lhs {lhs.dtype}, weights {fmt!r}, "
+                f"out_dtype {out_dtype}."
+            )
+        if lhs_scales.shape != (lhs.shape[0], -(-k_dim // FP8_BLOCK)):
+            raise ValueError(
+                f"lhs_scales must be [{lhs.shape[0]}, {-(-k_dim // FP8_BLOCK)}] (a scale per row "
+                f"and {FP8_BLOCK} values of K), got {lhs_scales.shape}."
+            )
     if group_sizes.shape != (num_groups,):
         raise ValueError(f"group_sizes must be [{num_groups}], got {group_sizes.shape}.")
     if activation is not None and n_dim % 2:
@@ -626,11 +703,14 @@ def gmm_quant(
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     if num_rows == 0 or n_out == 0:
         return jnp.zeros((num_rows, n_out), out_dtype)
-    cfg = _format_tile(fmt, config or BlockConfig()).fit(num_rows, k_dim, n_out)
-    cfg = dataclasses.replace(cfg, tail_m=0)
+    cfg = _format_tile(fmt, config or BlockConfig())
+    if fp8_lhs:  # one activation scale a K step (Math: fp8 activations); no operand swap
+        cfg = dataclasses.replace(cfg, block_k=FP8_BLOCK, weights_first=False)
+    cfg = dataclasses.replace(cfg.fit(num_rows, k_dim, n_out), tail_m=0)
     values, scales = rhs.values, rhs.scales
     if fmt != "mxfp4":  # fp8 travels as bytes: a masked fp8 load's fill value does not lower
         values = jax.lax.bitcast_convert_type(values, jnp.uint8)
+
     else:  # byte pairs and x's columns in the quarters' order (`_e2m1`)
         values, lhs = _byte_pairs(values), _mx_x_order(lhs)
     offsets = PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (Offsets)
@@ -646,6 +726,8 @@ def gmm_quant(
     )
     pairs_pay = (cfg.block_m <= PAIRED_MAX_ROWS and k_dim % 4 == 0) or weights_first
     paired = fmt != "mxfp4" and (offsets or pairs_pay)
+    if fp8_lhs:  # bytes for the fp8 dots; exact float16 values for the paired view's dots
+        lhs = lhs.astype(jnp.float16) if paired else jax.lax.bitcast_convert_type(lhs, jnp.uint8)
     if paired:
         if k_dim % 4:
             raise ValueError(
@@ -663,6 +745,7 @@ def gmm_quant(
     if gather:
         operands.append(lhs_row_index.astype(jnp.int32))
     f16_rows = fmt != "mxfp4" and lhs.dtype == jnp.bfloat16  # (Math: fp8 in float16)
+    lhs_scale = lhs_scales.astype(jnp.float32) if fp8_lhs else None
     if f16_rows:
         lhs, lhs_scale = _f16_rows(lhs)
     if paired:  # the two halves of each word's columns (module docstring, Offsets)
@@ -670,12 +753,12 @@ def gmm_quant(
     # fp8_block with a tile path of FOLD_MIN_ROWS rows: the scales normalised per column (Math:
     # fp8_block), the powers to the epilogue; decode-sized calls (16-row tiles) take them as
     # stored, with no XLA pass over them per call.
-    folded = fmt == "fp8_block" and cfg.block_m >= FOLD_MIN_ROWS
+    folded = fmt == "fp8_block" and cfg.block_m >= FOLD_MIN_ROWS and not fp8_lhs
     col_power = []
     if folded:
         scales, power = _column_powers(scales)
         col_power = [power]
-    operands += [lhs, values, scales, *([lhs_scale] if f16_rows else []), *col_power]
+    operands += [lhs, values, scales, *([lhs_scale] if f16_rows or fp8_lhs else []), *col_power]
     if bias is not None:
         operands.append(bias)
     if row_scale is not None:
@@ -699,6 +782,8 @@ def gmm_quant(
         folded=folded,
         small_scales=rhs.small_scales,
         weights_first=weights_first,
+        fp8_lhs=fp8_lhs,
+        uniform_block_scale=fp8_lhs and block_cols and _one_scale_block(cfg, activation, n_out),
     )
     return pl.pallas_call(
         kernel,

@@ -255,6 +255,30 @@ def test_tokamax_quantised_glue_on_cpu(fmt, monkeypatch):
     assert "weight-read floor" in prep.note
 
 
+def test_our_fp8_activations_impl_on_cpu():
+    """moe_pallas:auto+fp8_block_a8: our layer on fp8_block weights with fp8_activations, within
+    the quantised activations' bound of the bf16 layer on the dequantised weights, with its
+    weight-read floor; the name carries its format and the harness builds it ahead."""
+    from moe_pallas import quant
+    from moe_pallas.reference import moe_experts_reference
+
+    impl = "moe_pallas:auto+fp8_block_a8"
+    assert impls.weight_format(impl) == "fp8_block_a8" and impl in impls.COMPILE_AHEAD
+    case = cases.Case("t", cases.SMALL_WORKLOADS["swiglu256"], 16)
+    x, topk_idx, topk_weight = cases.make_tokens(case, jnp.bfloat16)
+    params = cases.make_params(case.workload, jnp.bfloat16, seed=3)
+    inputs = {"x": x, "topk_idx": topk_idx, "topk_weight": topk_weight, "params": params}
+    prep = impls.IMPLS[impl](case, inputs)
+    out = np.asarray(prep.output(prep.wait(prep.call())), np.float64)
+    dense = quant.dequantize_experts(quant.quantize_experts(params, "fp8_block"), jnp.float32)
+    ref = moe_experts_reference(
+        x.astype(jnp.float32), topk_idx, topk_weight, dense, activation="swiglu"
+    )
+    ref = np.asarray(ref, np.float64)
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 8e-2
+    assert "weight-read floor" in prep.note
+
+
 def _synthetic_run(folder: Path) -> dict:
     """A results.json as benchmarks.run writes it: two suites, a skipped and a failed cell."""
     meta = {
@@ -654,16 +678,24 @@ def test_sass_loop_mix_counts_the_longest_loop():
 
 
 @pytest.mark.parametrize(
-    "weights, activation", [("bf16", None), ("fp8", None), ("mxfp4", None), ("mxfp4", "swiglu")]
+    "weights, activation, fp8_activations",
+    [
+        ("bf16", None, False),
+        ("fp8", None, False),
+        ("mxfp4", None, False),
+        ("mxfp4", "swiglu", False),
+        ("fp8_block", "swiglu", True),
+    ],
 )
-def test_sass_captures_the_kernels_triton_module(weights, activation):
+def test_sass_captures_the_kernels_triton_module(weights, activation, fp8_activations):
     """benchmarks.sass lowers the gmm (plain or GLU) for an abstract H200 and captures its Triton
-    module (the compile itself needs upstream Triton and is not run here)."""
+    module (the compile itself needs upstream Triton and is not run here); with fp8 activations
+    its 64-row tile's dots are e4m3 ones that may sum a whole K step in the tensor core."""
     from benchmarks import sass
 
     args = argparse.Namespace(
         weights=weights,
-        rows=16,
+        rows=64 if fp8_activations else 16,  # (16-row fp8 activations: the byte-pair view)
         block_n=64,
         block_k=128,
         warps=4,
@@ -674,11 +706,13 @@ def test_sass_captures_the_kernels_triton_module(weights, activation):
         activation=activation,
         large_scales=False,
         weights_first=False,
+        fp8_activations=fp8_activations,
     )
     ttir = sass.triton_module(args)
     assert ttir.startswith("module") and ttir.count("tt.dot") >= (2 if activation else 1)
     assert ("arith.divf" in ttir) == (activation is not None)  # silu's 1 / (1 + exp(-x))
-    assert ("inline_asm" in ttir) == (weights != "bf16")  # the PTX decodes
+    assert ("maxNumImpreciseAcc = 128" in ttir) == fp8_activations
+    assert ("inline_asm" in ttir) == (weights not in ("bf16", "fp8_block"))  # the PTX decodes
     # fp8 on a 16-row tile: byte pairs, e4m3 -> f16 by the hardware in the PTX
     assert ("cvt.rn.f16x2.e4m3x2" in ttir) == (weights == "fp8")
     assert ("mul.rn.bf16x2 $0, t, $2;" in ttir) == (weights == "mxfp4")  # one scale multiply
