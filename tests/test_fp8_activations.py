@@ -116,27 +116,29 @@ def test_quantize_rows():
 
 
 @pytest.mark.parametrize(
-    "fmt,activation,block_m,per_column,k",
+    "fmt,activation,block_m,per_column,k,block_k",
     [
-        ("fp8", None, 16, False, 176),
-        ("fp8", "gptoss", 64, False, 176),
-        ("fp8_block", "swiglu", 64, False, 176),
-        ("fp8_block", "gptoss", 16, False, 176),
-        ("fp8_block", None, 64, True, 176),
-        ("fp8_block", "swiglu", 16, True, 176),
-        ("fp8_block", "swiglu", 16, False, 174),
+        ("fp8", None, 16, False, 176, 64),
+        ("fp8", "gptoss", 16, False, 176, 256),
+        ("fp8", "gptoss", 64, False, 176, 64),
+        ("fp8_block", "swiglu", 64, False, 176, 64),
+        ("fp8_block", "gptoss", 16, False, 176, 64),
+        ("fp8_block", None, 64, True, 176, 64),
+        ("fp8_block", "swiglu", 16, True, 176, 64),
+        ("fp8_block", "swiglu", 16, False, 174, 64),
     ],
 )
 def test_gmm_on_fp8_activations_matches_oracle(
-    fmt, activation, block_m, per_column, k, monkeypatch
+    fmt, activation, block_m, per_column, k, block_k, monkeypatch
 ):
     """gmm_quant with lhs_scales against float64 on the quantised rows and the decoded weights:
     K = 176 (a 128-deep step and a 48-deep tail, each its own activation scale), N = 2·96 in
     32-column tiles (an fp8_block SwiGLU tile in one 128-column scale block: its scale a scalar a
     step; gpt-oss's 64 interleaved columns likewise), fp8_block's per-column scale form (each
     column's own), gathered rows, bias, row scale, an empty and a one-row group, rows past the
-    groups zero. block_m 64 (kept: 60 rows): fp8 dots (the short visits on 16- and 32-row paths); 16: the byte-pair
-    view's float16 dots, or, K = 174 (not a multiple of 4), fp8 dots on 16 rows."""
+    groups zero. block_m 64 (kept: 60 rows): fp8 dots of 128 values of K (the short visits on
+    16- and 32-row paths); 16: the byte-pair view's float16 dots, a 256-deep step as two scale
+    blocks, or, K = 174 (not a multiple of 4), fp8 dots on 16 rows."""
     rng = np.random.default_rng()
     sizes, m, n = [40, 0, 1, 15], 60, 192
     w = jnp.asarray(rng.standard_normal((4, k, n)) / np.sqrt(k), jnp.bfloat16)
@@ -152,7 +154,7 @@ def test_gmm_on_fp8_activations_matches_oracle(
     want = gmm_oracle(
         np.asarray(rows)[index], qw.dequantize(jnp.float32), sizes, bias, activation, scale
     )
-    cfg = BlockConfig(block_m=block_m, block_n=32, block_k=64, min_block_m=16)
+    cfg = BlockConfig(block_m=block_m, block_n=32, block_k=block_k, min_block_m=16)
     fp8_dots = []
     spy = lambda a, b: fp8_dots.append(a.shape) or fp8_dot(a, b)
     monkeypatch.setattr(gmm_quant_module, "fp8_dot", spy)

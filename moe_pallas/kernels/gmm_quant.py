@@ -43,12 +43,13 @@ s_w the "fp8_block" scale of the step's block (one scalar a step where the tile'
 one 128-column block, else a column's own), or 1 for "fp8", whose column scale stays in the
 epilogue. Calls that read the values as byte pairs (decode-sized tiles, and values past 2^31
 bytes: Offsets) convert both operands exactly to float16 instead (e4m3's values are float16s) and
-scale the step's float16 dots alike: at 16 rows fp8 wgmma does not apply (its M is 64) and
-mma.sync has no e4m3 form on sm_90. x's values enter as float16 (converted once per call: the
-dot's operand layout repeats x in every warp, which would convert it once a warp), and the
-weights' pairs convert as without fp8 activations (offline SASS of the 16 x 64 x 128 K loop, 136
-instructions a thread for fp8 and 146 for fp8_block, against 120 and 135 without; 169 with
-x's bytes converted in the kernel).
+scale each 128-deep block's float16 dots alike (a step of the table's 256 values of K is two):
+at 16 rows fp8 wgmma does not apply (its M is 64) and mma.sync has no e4m3 form on sm_90. x's
+values enter as float16 (converted once per call: the dot's operand layout repeats x in every
+warp, which would convert it once a warp), and the weights' pairs convert as without fp8
+activations (offline SASS of the K loop, instructions a thread: 16 x 64 x 128 fp8 136 and
+fp8_block 146, against 120 and 135 without; 169 with x's bytes converted in the kernel; gpt-oss's
+GLU entry 16 x 2·32 x 256 251 against 210).
 The result is the float32 product of the quantised operands, up to the tensor core's summation
 within a step (docs/reliability.md).
 Every other scale product is exact (mxfp4's in bf16, `_e2m1`) or one float32 multiply of a
@@ -516,34 +517,7 @@ def _kernel(
                 k_mask = ks < k_dim if k_dim % bk else None
                 a = lhs_tile(k0, bk, k_mask)
             new = list(accs)
-            if fp8_lhs:  # (Math: fp8 activations) a step's partial dot scaled in float32
-                s_x = _load(
-                    lhs_scale_ref.at[src, k0 // FP8_BLOCK]
-                    if gather
-                    else lhs_scale_ref.at[pl.ds(m0, h), k0 // FP8_BLOCK],
-                    row_ok,
-                )
-                if not paired:  # (paired: x's values arrive as float16)
-                    a8 = jax.lax.bitcast_convert_type(a, jnp.float8_e4m3fn)
-
-            def fp8_lhs_scale(c0, width, valid):
-                """The float32 factor [h, 1] or [h, width] of a step's partial dot."""
-                if fmt == "fp8":  # (the column scale is the epilogue's)
-                    return s_x[:, None]
-                if uniform_block_scale:  # the tile's columns lie in one 128-column block
-                    return (s_x * scales_ref[g, k0 // FP8_BLOCK, c0 // FP8_BLOCK])[:, None]
-                s_w = _load(
-                    scales_ref.at[g, k0 // FP8_BLOCK, block_scale_cols(c0, width)],
-                    col_mask(width, valid),
-                )
-                return s_x[:, None] * s_w[None, :]
-
             for c, (c0, width, valid) in enumerate(blocks):
-                if fp8_lhs and not paired:  # one product on the FP8 tensor cores
-                    q = load_values(c0, width, valid, k0, bk, k_mask)
-                    d = fp8_dot(a8, jax.lax.bitcast_convert_type(q, jnp.float8_e4m3fn))
-                    new[c] = new[c] + d * fp8_lhs_scale(c0, width, valid)
-                    continue
                 if paired:
                     pairs = load_values(c0, width, valid, p0, bk // 2, pair_mask)
                     terms = [
@@ -553,10 +527,6 @@ def _kernel(
                 else:
                     q = load_values(c0, width, valid, k0, bk, k_mask)
                     terms = [(a, _e4m3_f16(q).astype(compute_dtype))]
-                if fp8_lhs:  # float16 dots of the paired view
-                    d = functools.reduce(jnp.add, (dot(a_t, w_t) for a_t, w_t in terms))
-                    new[c] = new[c] + d * fp8_lhs_scale(c0, width, valid)
-                    continue
                 if fmt == "fp8_block":
                     block_scales = _load(
                         scales_ref.at[g, k0 // FP8_BLOCK, block_scale_cols(c0, width)],
@@ -574,10 +544,62 @@ def _kernel(
                     new[c] = new[c] + dot(a_t, w_t)
             return tuple(new)
 
+        def fp8_lhs_body(i, accs):
+            """(Math: fp8 activations) each 128-deep K block of the step (bk // 128 of them, or
+            the step itself when shorter) one partial dot, scaled into acc in float32: an fp8
+            dot of x's e4m3 bytes and the weight bytes, or in the paired view the two
+            half-depth float16 dots of x's values (float16 from the wrapper) and the decoded
+            byte pairs."""
+            new = list(accs)
+            depth = min(bk, FP8_BLOCK)
+            for j in range(max(bk // FP8_BLOCK, 1)):
+                kj = i * bk + j * depth
+                s_x = _load(
+                    lhs_scale_ref.at[src, kj // FP8_BLOCK]
+                    if gather
+                    else lhs_scale_ref.at[pl.ds(m0, h), kj // FP8_BLOCK],
+                    row_ok,
+                )
+                if paired:  # pairs of K values, aligned as products (fp8_body)
+                    pj = i * (bk // 2) + j * (depth // 2)
+                    pair_ks = pj + jnp.arange(depth // 2, dtype=jnp.int32)
+                    mask = None if k_dim % bk == 0 else pair_ks < k_dim // 2
+                    a_low = lhs_tile(pj, depth // 2, mask)
+                    a_high = lhs_tile(k_dim // 2 + pj, depth // 2, mask)
+                else:
+                    ks = kj + jnp.arange(depth, dtype=jnp.int32)
+                    mask = ks < k_dim if k_dim % bk else None
+                    a8 = jax.lax.bitcast_convert_type(lhs_tile(kj, depth, mask), jnp.float8_e4m3fn)
+                for c, (c0, width, valid) in enumerate(blocks):
+                    if paired:
+                        pairs = load_values(c0, width, valid, pj, depth // 2, mask)
+                        d = dot(a_low, _e4m3_pair_f16(pairs, "low")) + dot(
+                            a_high, _e4m3_pair_f16(pairs, "high")
+                        )
+                    else:
+                        q = load_values(c0, width, valid, kj, depth, mask)
+                        d = fp8_dot(a8, jax.lax.bitcast_convert_type(q, jnp.float8_e4m3fn))
+                    if fmt == "fp8":  # (the column scale is the epilogue's)
+                        step_scale = s_x[:, None]
+                    elif uniform_block_scale:  # the tile's columns lie in one scale block
+                        step_scale = (s_x * scales_ref[g, kj // FP8_BLOCK, c0 // FP8_BLOCK])[
+                            :, None
+                        ]
+                    else:
+                        s_w = _load(
+                            scales_ref.at[g, kj // FP8_BLOCK, block_scale_cols(c0, width)],
+                            col_mask(width, valid),
+                        )
+                        step_scale = s_x[:, None] * s_w[None, :]
+                    new[c] = new[c] + d * step_scale
+            return tuple(new)
+
         accs = tuple(
             jnp.zeros((width, h) if swapped else (h, width), jnp.float32) for _, width, _ in blocks
         )
-        if fmt == "mxfp4":
+        if fp8_lhs:
+            accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), fp8_lhs_body, accs)
+        elif fmt == "mxfp4":
             first = (mx_scales(jnp.int32(min(u, sub_blocks - 1))) for u in range(unroll))
             carry = (accs, tuple(first) if ahead else ())
             accs, _ = jax.lax.fori_loop(0, sub_blocks // unroll, mx_body, carry)
@@ -704,8 +726,8 @@ def gmm_quant(
     if num_rows == 0 or n_out == 0:
         return jnp.zeros((num_rows, n_out), out_dtype)
     cfg = _format_tile(fmt, config or BlockConfig())
-    if fp8_lhs:  # one activation scale a K step (Math: fp8 activations); no operand swap
-        cfg = dataclasses.replace(cfg, block_k=FP8_BLOCK, weights_first=False)
+    if fp8_lhs:  # (Math: fp8 activations) no operand swap
+        cfg = dataclasses.replace(cfg, weights_first=False)
     cfg = dataclasses.replace(cfg.fit(num_rows, k_dim, n_out), tail_m=0)
     values, scales = rhs.values, rhs.scales
     if fmt != "mxfp4":  # fp8 travels as bytes: a masked fp8 load's fill value does not lower
@@ -726,8 +748,11 @@ def gmm_quant(
     )
     pairs_pay = (cfg.block_m <= PAIRED_MAX_ROWS and k_dim % 4 == 0) or weights_first
     paired = fmt != "mxfp4" and (offsets or pairs_pay)
-    if fp8_lhs:  # bytes for the fp8 dots; exact float16 values for the paired view's dots
+    if fp8_lhs:  # bytes for the fp8 dots (a K step of one scale block, the promotion interval);
+        # the exact float16 values for the paired view's dots
         lhs = lhs.astype(jnp.float16) if paired else jax.lax.bitcast_convert_type(lhs, jnp.uint8)
+        if not paired:
+            cfg = dataclasses.replace(cfg, block_k=_common.pow2_block(FP8_BLOCK, k_dim))
     if paired:
         if k_dim % 4:
             raise ValueError(
