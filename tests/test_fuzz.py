@@ -345,6 +345,13 @@ def _gmm_jit(lhs, rhs, sizes, row_index, bias, row_scale, activation, config, ke
     )
 
 
+def _gmm_quant_fp8_activations(lhs, rhs, sizes, **kwargs):
+    """gmm_quant with lhs quantised per row and 128 values of K (fp8 activations), as the
+    pallas_triton backend calls it for a weight with `fp8_activations`."""
+    values, scales = quant.quantize_rows(lhs)
+    return gmm_quant(values, rhs, sizes, lhs_scales=scales, out_dtype=lhs.dtype, **kwargs)
+
+
 EPILOGUES = [  # (gather, bias, row_scale, activation)
     (False, False, False, None),
     (True, True, False, "gptoss"),
@@ -405,15 +412,20 @@ QUANT_CONFIGS = [  # (block_m, block_n, min_block_m, weights_first): decode and 
     epilogue=st.sampled_from(EPILOGUES),
     config=st.sampled_from(QUANT_CONFIGS),
     k_cut=st.sampled_from([0, 0, 2, 4]),
+    fp8_activations=st.booleans(),
 )
-def test_gmm_quant_epilogues_match_float64(seed, shape, fmt, kind, epilogue, config, k_cut):
+def test_gmm_quant_epilogues_match_float64(
+    seed, shape, fmt, kind, epilogue, config, k_cut, fp8_activations
+):
     """The quantised gmm (fp8, fp8_block, mxfp4 as stored) with every epilogue, at decode and
     wgmma tiles (weights first or not), against float64 on the exactly decoded weights; fp8 K cut
-    by k_cut (K not a multiple of 4: bytes where the decode tiles read byte pairs)."""
+    by k_cut (K not a multiple of 4: bytes where the decode tiles read byte pairs); fp8 formats
+    with fp8 activations against float64 on the quantised rows."""
     _stop_when_out_of_time()
     with _Example("test_gmm_quant_epilogues_match_float64", **locals()):
         m, k, n, g = shape
         k -= 0 if fmt == "mxfp4" else k_cut
+        fp8_activations &= fmt != "mxfp4"
         gather, has_bias, has_scale, activation = epilogue
         block_m, block_n, min_block_m, weights_first = config
         rng = np.random.default_rng(seed)
@@ -424,12 +436,14 @@ def test_gmm_quant_epilogues_match_float64(seed, shape, fmt, kind, epilogue, con
         bias = _values(rng, (g, 2 * n), jnp.float32) if has_bias else None
         scale = _values(rng, (m,), jnp.float32) if has_scale else None
         cfg = BlockConfig(block_m, block_n, 64, 2, 4, 2, min_block_m, weights_first=weights_first)
+        kernel = _gmm_quant_fp8_activations if fp8_activations else gmm_quant
         got = _gmm_jit(
-            lhs, rhs, jnp.asarray(sizes), row_index, bias, scale, activation, cfg, gmm_quant
+            lhs, rhs, jnp.asarray(sizes), row_index, bias, scale, activation, cfg, kernel
         )
+        rows = quant.fp8_rows(lhs, jnp.float32) if fp8_activations else lhs
         with jax.enable_x64(True):
             dense = rhs.dequantize(jnp.float32)
-            want = _epilogue64(lhs, dense, sizes, row_index, bias, activation, scale)
+            want = _epilogue64(rows, dense, sizes, row_index, bias, activation, scale)
         assert _rel_err(got, want) < TOL[jnp.bfloat16], _rel_err(got, want)
 
 
