@@ -9,9 +9,11 @@ on a GPU (a float64 copy of the full-size experts would not fit beside them).
 With `--checkpoint PATH` (a .safetensors file or a folder of shards) the experts come from a
 checkpoint instead (`weights.load_experts`: gpt-oss, MXFP4 included, or per-expert SwiGLU
 weights, FP8 included; kept as stored, `moe_pallas.quant`, unless `--dequantize`), fed random
-tokens and routing. Exit status 1 if any result is outside
+tokens and routing; `--fp8-activations` runs FP8 experts with their activations in e4m3 too
+(`quant.use_fp8_activations`, the FP8 tensor cores). Exit status 1 if any result is outside
 its error bound (bf16: 2e-2, float32: 5e-3 relative Frobenius error, which admits TF32
-tensor-core matmuls on GPU); 2 for a bad argument.
+tensor-core matmuls on GPU; with fp8 activations 8e-2, their quantisation, docs/reliability.md);
+2 for a bad argument.
 """
 
 import argparse
@@ -29,13 +31,14 @@ import numpy as np
 from moe_pallas.backends import IMPLEMENTATIONS
 from moe_pallas.backends import resolve as resolve_implementation
 from moe_pallas.experts import moe_experts
-from moe_pallas.quant import dequantize_experts
+from moe_pallas.quant import dequantize_experts, is_quantized, use_fp8_activations
 from moe_pallas.reference import moe_experts_reference
 from moe_pallas.routing import route
 from moe_pallas.safetensors_io import read_safetensors
 from moe_pallas.weights import LAYOUTS, load_experts
 
 TOLERANCE = {"bfloat16": 2e-2, "float32": 5e-3}
+FP8_ACTIVATIONS_TOLERANCE = 8e-2  # the activations' e4m3 quantisation (docs/reliability.md)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,13 +108,24 @@ def checkpoint_case(
     dtype,
     seed: int = 0,
     dequantize: bool = False,
+    fp8_activations: bool = False,
 ):
     """The experts of a checkpoint file (`load_experts(read_safetensors(path), layout, prefix=,
-    dequantize=)`, in `dtype`; quantised weights kept as stored unless dequantize) with random
-    tokens routed to top_k of them; returns (workload, case) as make_case."""
+    dequantize=)`, in `dtype`; quantised weights kept as stored unless dequantize, FP8 ones with
+    `fp8_activations` if asked) with random tokens routed to top_k of them; returns (workload,
+    case) as make_case."""
     params = load_experts(
         read_safetensors(path), layout, prefix=prefix, dtype=dtype, dequantize=dequantize
     )
+    if fp8_activations:
+        weights = [params[name] for name in ("w_gate_up", "w_down")]
+        if not all(is_quantized(w) and w.fmt in ("fp8", "fp8_block") for w in weights):
+            kinds = [w.fmt if is_quantized(w) else "dense" for w in weights]
+            raise ValueError(
+                "--fp8-activations needs FP8 experts kept as stored (a per-expert FP8 checkpoint, "
+                f"without --dequantize); this one's are {kinds}."
+            )
+        params = use_fp8_activations(params)
     num_experts, hidden, two_inter = params["w_gate_up"].shape
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"--top-k={top_k} must be in [1, {num_experts}] (the file's experts).")
@@ -228,11 +242,17 @@ def run(cases, implementations: str | Sequence[str], repeats: int = 5) -> list[d
             rel = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
             row["max_err"] = float(np.max(np.abs(out - ref)))
             row["rel_err"] = rel
-            row["ok"] = bool(np.isfinite(rel) and rel <= TOLERANCE[dtype_name])
+            row["ok"] = bool(np.isfinite(rel) and rel <= bound(params, dtype_name))
             if "interpret" not in label:
                 row["ms"] = _median_ms(layer, x, topk_idx, topk_weight, params, repeats=repeats)
             rows.append(row)
     return rows
+
+
+def bound(params, dtype_name: str) -> float:
+    """The relative error bound of a case: its dtype's, or fp8 activations' where they apply."""
+    fp8 = any(is_quantized(v) and v.fp8_activations for v in params.values())
+    return FP8_ACTIVATIONS_TOLERANCE if fp8 else TOLERANCE[dtype_name]
 
 
 def _check(row: dict) -> str:
@@ -305,6 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --checkpoint: load MXFP4 / FP8 experts as dense weights (default: as stored)",
     )
+    parser.add_argument(
+        "--fp8-activations",
+        action="store_true",
+        help="with --checkpoint (FP8 experts): quantise the activations too, 1 x 128 e4m3, "
+        "for the FP8 tensor cores",
+    )
     args = parser.parse_args(argv)
     if args.tokens < 1:
         parser.error(f"argument --tokens: must be at least 1, got {args.tokens}")
@@ -322,22 +348,25 @@ def main(argv: list[str] | None = None) -> int:
                 args.tokens,
                 dtype,
                 dequantize=args.dequantize,
+                fp8_activations=args.fp8_activations,
             )
         except (OSError, ValueError) as err:
             parser.error(str(err))  # exits with status 2
         cases = [case]
     else:
+        if args.fp8_activations:
+            parser.error("--fp8-activations applies to --checkpoint's FP8 experts")
         cases = [make_case(workload, args.size, dtype) for workload in WORKLOADS.values()]
     rows = run(cases, list(dict.fromkeys(args.implementation)))
     print(format_table(rows))
     oracle = "float32" if _on_gpu() else "float64"
-    bound = f"{TOLERANCE[args.dtype]:.0e}"
+    bound_text = f"{bound(cases[0][1][3], args.dtype):.0e}"
     bad = [
         f"{r['workload']} on {r['implementation']}" for r in rows if not (r["ok"] or r["skipped"])
     ]
     if bad:
-        print(f"MISMATCH against the {oracle} reference in: {', '.join(bad)} (bound {bound})")
+        print(f"MISMATCH against the {oracle} reference in: {', '.join(bad)} (bound {bound_text})")
         return 1
     checked = sum(r["ok"] for r in rows)
-    print(f"{checked} results within {bound} relative error of the {oracle} reference")
+    print(f"{checked} results within {bound_text} relative error of the {oracle} reference")
     return 0

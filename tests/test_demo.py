@@ -116,3 +116,14 @@ def test_demo_on_checkpoint_files(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([*command, "--top-k", "3"])  # two experts in the file
     assert exit_info.value.code == 2 and "--top-k=3 must be in [1, 2]" in capsys.readouterr().err
+    # the FP8 experts with fp8 activations, against the oracle on the dequantised weights
+    assert main([*command, "--top-k", "2", "--tokens", "5", "--fp8-activations"]) == 0
+    assert "results within 8e-02 relative error" in capsys.readouterr().out
+    for refused in (
+        ["demo", "--checkpoint", f"{gpt_oss_dir}/", "--fp8-activations"],  # MXFP4
+        [*command, "--dequantize", "--fp8-activations"],
+        ["demo", "--fp8-activations"],
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(refused)
+        assert exit_info.value.code == 2 and "--fp8-activations" in capsys.readouterr().err
