@@ -197,12 +197,13 @@ def debug_raises():
     return raised
 
 
-def quantized_case(fmt, implementation, seed):
-    """Quantised expert weights (`quantize_experts`) split over a 4 x 2 mesh: forward and the
-    gradients of x and the routing weights against the same weights on one device; gradients
-    of the weights are refused with the single-device error. H = I = 64 (mxfp4: K % 64 == 0)."""
+def quantized_case(fmt, implementation, seed, fp8_activations=False):
+    """Quantised expert weights (`quantize_experts`, with fp8 activations if asked) split over a
+    4 x 2 mesh: forward and the gradients of x and the routing weights against the same weights on
+    one device; gradients of the weights are refused with the single-device error. H = I = 64
+    (mxfp4: K % 64 == 0)."""
     x, idx, w, dense = make_inputs(seed, 29, 16, 4, jnp.bfloat16, bias=True, hidden=64, inter=64)
-    params = moe_pallas.quantize_experts(dense, fmt)
+    params = moe_pallas.quantize_experts(dense, fmt, fp8_activations=fp8_activations)
     single = partial(moe_pallas.moe_experts, activation="gptoss", implementation=implementation)
     ep = partial(single, mesh=moe_pallas.expert_mesh(4, 2), exchange="all_to_all")
     cot = jax.random.normal(jax.random.key(99), x.shape).astype(x.dtype)
@@ -322,6 +323,9 @@ def main():
         "gptoss",
     )
     results["a2a_ep4_data2_fp8_block_pallas"] = quantized_case("fp8_block", "pallas_triton", 11)
+    results["a2a_ep4_data2_fp8_block_a8_pallas"] = quantized_case(
+        "fp8_block", "pallas_triton", 14, fp8_activations=True
+    )
     results["a2a_ep4_data2_mxfp4_pallas"] = quantized_case("mxfp4", "pallas_triton", 12)
     results["a2a_ep4_data2_fp8_xla"] = quantized_case("fp8", "xla", 13)
     results["a2a_dropless_balanced"] = spill_case(balanced=True)

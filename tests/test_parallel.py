@@ -68,10 +68,16 @@ def test_forward_and_grads_match_one_device(cases, case):
 
 @pytest.mark.parametrize(
     "case",
-    ["a2a_ep4_data2_fp8_block_pallas", "a2a_ep4_data2_mxfp4_pallas", "a2a_ep4_data2_fp8_xla"],
+    [
+        "a2a_ep4_data2_fp8_block_pallas",
+        "a2a_ep4_data2_fp8_block_a8_pallas",
+        "a2a_ep4_data2_mxfp4_pallas",
+        "a2a_ep4_data2_fp8_xla",
+    ],
 )
 def test_quantised_weights_split_over_the_mesh_match_one_device(cases, case):
-    """Stored fp8 / mxfp4 experts sharded over "expert" (values and scales alike): the Pallas
+    """Stored fp8 / mxfp4 experts sharded over "expert" (values and scales alike), fp8_block also
+    with fp8 activations (quantised per row, so each shard's rows as on one device): the Pallas
     path is the single-device kernel on each shard's rows (bitwise equal here); "xla" dequantises
     per call and sums in another order (bf16 outputs). Weight gradients stay refused."""
     c = cases[case]
