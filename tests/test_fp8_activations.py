@@ -330,3 +330,39 @@ def test_gptoss_sized_fp8_activations(fmt):
                 lambda x, idx, wts, p: moe_pallas.moe_experts(x, idx, wts, p, activation="gptoss")
             )(x, idx, wts, qparams)
         assert rel_err(out, paired) < BACKENDS_BOUND, tokens
+
+
+@FULL_SHAPES
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows_per_expert", [2, 64])
+def test_swiglu256_sized_fp8_activations(rows_per_expert):
+    """SwiGLU-256's gate_up weight with fp8 activations, through ragged_dot: fp8_block values
+    [256, 4096, 4096] are 2^32 bytes, so every call reads them as byte pairs and multiplies in
+    float16 (decode and wgmma tiles); random stored bytes (no dense weight: its float32
+    temporaries would be tens of GiB), rows of the first and last experts against float64 on
+    the quantised rows and each hit expert's decoded weight."""
+    from tests.test_quant import gmm_oracle
+
+    e, h, n = 256, 4096, 4096
+    keys = jax.random.split(jax.random.key(1), 3)
+    values = jax.random.bits(keys[0], (e, n, h), jnp.uint8) & 0xFE  # no NaN codes
+    values = jax.lax.bitcast_convert_type(values, jnp.float8_e4m3fn)
+    scales = jax.random.uniform(keys[1], (e, h // 128, n // 128), jnp.float32, 1e-4, 1e-3)
+    w = quant.QuantizedWeight(values, scales, "fp8_block", jnp.bfloat16, fp8_activations=True)
+    experts = [0, 1, 128, 254, 255]
+    sizes = np.zeros(e, np.int64)
+    sizes[experts] = rows_per_expert
+    x = jax.random.normal(keys[2], (int(sizes.sum()), h), jnp.bfloat16)
+    out = np.asarray(
+        moe_pallas.ragged_dot(x, w, jnp.asarray(sizes, jnp.int32), implementation="pallas_triton")
+    )
+    rows_q = np.asarray(quant.fp8_rows(x, jnp.float32))
+    bounds = np.cumsum([0, *sizes])
+    for g in experts:
+        one = quant.QuantizedWeight(values[g : g + 1], scales[g : g + 1], "fp8_block", jnp.bfloat16)
+        rows = slice(bounds[g], bounds[g + 1])
+        zero_bias, unit_scale = np.zeros((1, n)), np.ones(sizes[g])
+        want = gmm_oracle(
+            rows_q[rows], one.dequantize(jnp.float32), [sizes[g]], zero_bias, None, unit_scale
+        )
+        assert rel_err(out[rows], want) < 5e-3, g
