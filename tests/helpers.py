@@ -53,6 +53,19 @@ def device_normal(rng, shape, dtype, scale=1.0):
     return (scale * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
 
 
+def device_expert_params(rng, experts, hidden, inter, dtype, bias_scales=None):
+    """Expert weights drawn on the device (`device_normal`), N(0, 1 / fan_in); with bias_scales
+    (gate_up's, down's) biases N(0, scale^2)."""
+    params = {
+        "w_gate_up": device_normal(rng, (experts, hidden, 2 * inter), dtype, hidden**-0.5),
+        "w_down": device_normal(rng, (experts, inter, hidden), dtype, inter**-0.5),
+    }
+    if bias_scales is not None:
+        params["b_gate_up"] = device_normal(rng, (experts, 2 * inter), dtype, bias_scales[0])
+        params["b_down"] = device_normal(rng, (experts, hidden), dtype, bias_scales[1])
+    return params
+
+
 def as_if_h200(monkeypatch, spy=None):
     """Make the "auto" policy decide as on an H200 while the kernels run in interpret mode: the
     tuning table read for "NVIDIA H200" and its backends available. `spy(name, op)` is called

@@ -12,20 +12,12 @@ import numpy as np
 import pytest
 
 from moe_pallas import moe_experts, ragged_dot, tgmm
-from tests.helpers import FULL_SHAPES, device_normal
+from tests.helpers import FULL_SHAPES, device_expert_params, device_normal
 
 
 def _inputs(seed, tokens, hidden, inter, experts, top_k, dtype, biases):
     rng = np.random.default_rng(seed)
-    p = {
-        "w_gate_up": device_normal(rng, (experts, hidden, 2 * inter), dtype, hidden**-0.5),
-        "w_down": device_normal(rng, (experts, inter, hidden), dtype, inter**-0.5),
-    }
-    if biases:
-        p |= {
-            "b_gate_up": device_normal(rng, (experts, 2 * inter), dtype),
-            "b_down": device_normal(rng, (experts, hidden), dtype),
-        }
+    p = device_expert_params(rng, experts, hidden, inter, dtype, (1.0, 1.0) if biases else None)
     # Zipf-skewed routing: a few hot experts with long groups, many empty ones.
     prob = 1.0 / np.arange(1, experts + 1) ** 1.2
     idx = np.stack(

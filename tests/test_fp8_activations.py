@@ -21,7 +21,7 @@ from moe_pallas.kernels.fp8_dot import fp8_dot
 from moe_pallas.kernels.gmm_quant import gmm_quant
 from tests.helpers import FULL_SHAPES, make_params, random_routing
 from tests.test_lowering import H200, SDS, lower_for_h200, triton_calls
-from tests.test_quant import gmm_oracle, rel_err
+from tests.test_quant import _epilogue_case, gmm_oracle, rel_err
 
 # Against the bf16 block on the dequantised weights: e4m3 keeps 4 significant bits, so each
 # activation moves by up to 2^-4 of itself (measured 2.9-5.4% here, two matmuls).
@@ -139,40 +139,13 @@ def test_gmm_on_fp8_activations_matches_oracle(
     groups zero. block_m 64 (kept: 60 rows): fp8 dots of 128 values of K (the short visits on
     16- and 32-row paths); 16: the byte-pair view's float16 dots, a 256-deep step as two scale
     blocks, or, K = 174 (not a multiple of 4), fp8 dots on 16 rows."""
-    rng = np.random.default_rng()
-    sizes, m, n = [40, 0, 1, 15], 60, 192
-    w = jnp.asarray(rng.standard_normal((4, k, n)) / np.sqrt(k), jnp.bfloat16)
-    qw = quant.quantize_weight(w, fmt)
-    if per_column:  # the loader's [E, K/128, N] form
-        qw = dataclasses.replace(qw, scales=jnp.repeat(qw.scales, 128, axis=2)[:, :, :n])
-    x = jnp.asarray(rng.standard_normal((m + 5, k)) * 3, jnp.bfloat16)
-    index = jnp.asarray(rng.integers(0, m + 5, m), jnp.int32)
-    bias = jnp.asarray(rng.standard_normal((4, n)), jnp.float32)
-    scale = jnp.asarray(rng.random(m) + 0.5, jnp.float32)
-    values, scales = quant.quantize_rows(x)
-    rows = quant.dequantize_rows(values, scales, jnp.float32)
-    want = gmm_oracle(
-        np.asarray(rows)[index], qw.dequantize(jnp.float32), sizes, bias, activation, scale
+    run = _epilogue_case(
+        fmt, activation, k, 192, [40, 0, 1, 15], 60, per_column=per_column, fp8_activations=True
     )
-    cfg = BlockConfig(block_m=block_m, block_n=32, block_k=block_k, min_block_m=16)
     fp8_dots = []
     spy = lambda a, b: fp8_dots.append(a.shape) or fp8_dot(a, b)
     monkeypatch.setattr(gmm_quant_module, "fp8_dot", spy)
-    out = gmm_quant(
-        values,
-        qw,
-        jnp.asarray(sizes, jnp.int32),
-        lhs_row_index=index,
-        bias=bias,
-        activation=activation,
-        row_scale=scale,
-        out_dtype=jnp.bfloat16,
-        lhs_scales=scales,
-        config=cfg,
-    )
-    assert out.shape == (m, n // 2 if activation else n) and out.dtype == jnp.bfloat16
-    assert rel_err(out, want) < 5e-3
-    np.testing.assert_array_equal(np.asarray(out[sum(sizes) :], np.float32), 0)
+    run(BlockConfig(block_m=block_m, block_n=32, block_k=block_k, min_block_m=16))
     paired = block_m <= gmm_quant_module.PAIRED_MAX_ROWS and k % 4 == 0
     assert bool(fp8_dots) != paired and all(shape[1] == 128 for shape in fp8_dots)
 
@@ -302,16 +275,11 @@ def test_gptoss_sized_fp8_activations(fmt):
     cores) within FP8_ACTIVATIONS_BOUND of the bf16 layer on the dequantised weights, and within
     BACKENDS_BOUND of every call on the byte-pair view (float16 dots of the same operands), at
     T = 64 (16-row tiles, paired anyway) and T = 2048 (64 rows per expert: fp8 wgmma)."""
-    from tests.helpers import device_normal
+    from tests.helpers import device_expert_params, device_normal
 
     rng = np.random.default_rng(5)
     experts, hidden, inter, top_k = 128, 2880, 2880, 4
-    params = {
-        "w_gate_up": device_normal(rng, (experts, hidden, 2 * inter), jnp.bfloat16, hidden**-0.5),
-        "w_down": device_normal(rng, (experts, inter, hidden), jnp.bfloat16, inter**-0.5),
-        "b_gate_up": device_normal(rng, (experts, 2 * inter), jnp.bfloat16, 0.1),
-        "b_down": device_normal(rng, (experts, hidden), jnp.bfloat16, 0.1),
-    }
+    params = device_expert_params(rng, experts, hidden, inter, jnp.bfloat16, (0.1, 0.1))
     qparams = moe_pallas.quantize_experts(params, fmt, fp8_activations=True)
     del params
     dense = moe_pallas.dequantize_experts(qparams)
@@ -341,8 +309,6 @@ def test_swiglu256_sized_fp8_activations(rows_per_expert):
     float16 (decode and wgmma tiles); random stored bytes (no dense weight: its float32
     temporaries would be tens of GiB), rows of the first and last experts against float64 on
     the quantised rows and each hit expert's decoded weight."""
-    from tests.test_quant import gmm_oracle
-
     e, h, n = 256, 4096, 4096
     keys = jax.random.split(jax.random.key(1), 3)
     values = jax.random.bits(keys[0], (e, n, h), jnp.uint8) & 0xFE  # no NaN codes

@@ -15,7 +15,7 @@ import pytest
 from moe_pallas import backends, moe_experts
 from moe_pallas.kernels.combine import combine
 from moe_pallas.reference import moe_experts_by_expert, moe_experts_reference
-from tests.helpers import FULL_SHAPES, device_normal
+from tests.helpers import FULL_SHAPES, device_expert_params, device_normal
 
 ON_GPU = jax.default_backend() == "gpu"
 # Relative error bounds (‖out − ref‖ / ‖ref‖). float32 runs the dots in TF32 on GPU.
@@ -75,13 +75,9 @@ def _problem(rng, activation, tokens, hidden, inter, experts, top_k, dtype, mode
         idx[:, 0] = experts // 2
     elif mode == "masked":
         idx[rng.random((tokens, top_k)) < 0.2] = experts + 3
-    params = {
-        "w_gate_up": device_normal(rng, (experts, hidden, 2 * inter), dtype, hidden**-0.5),
-        "w_down": device_normal(rng, (experts, inter, hidden), dtype, inter**-0.5),
-    }
-    if activation == "gptoss":  # biases large enough that the clamps at ±7 bite sometimes
-        params["b_gate_up"] = device_normal(rng, (experts, 2 * inter), dtype, 3.0)
-        params["b_down"] = device_normal(rng, (experts, hidden), dtype)
+    # gpt-oss: biases large enough that the clamps at ±7 bite sometimes
+    bias_scales = (3.0, 1.0) if activation == "gptoss" else None
+    params = device_expert_params(rng, experts, hidden, inter, dtype, bias_scales)
     return (
         device_normal(rng, (tokens, hidden), dtype),
         jnp.asarray(idx, jnp.int32),

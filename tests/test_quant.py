@@ -149,25 +149,34 @@ def test_gmm_quant_matches_oracle(fmt, activation, paired, monkeypatch):
     run(BlockConfig(block_m=16, block_n=32, block_k=64, min_block_m=16))
 
 
-def _epilogue_case(fmt, activation, k, n, sizes, m):
-    """Random [len(sizes), k, n] weights in `fmt`, m gathered rows of x, bias and row scale: a
-    function of a config that runs gmm_quant with every epilogue and checks it against the
-    float64 oracle (bf16 output, 5e-3) and the rows past the groups (zero)."""
+def _epilogue_case(fmt, activation, k, n, sizes, m, *, per_column=False, fp8_activations=False):
+    """Random [len(sizes), k, n] weights in `fmt` (fp8_block's scales per column if per_column:
+    the loader's [E, K/128, N] form), m gathered rows of x, bias and row scale: a function of a
+    config that runs gmm_quant with every epilogue and checks it against the float64 oracle (bf16
+    output, 5e-3) and the rows past the groups (zero). fp8_activations: x quantised per row and
+    128 values of K (`quant.quantize_rows`), the oracle on the quantised rows."""
     rng = np.random.default_rng()
     e, rows = len(sizes), sum(sizes)
     w = jnp.asarray(rng.standard_normal((e, k, n)) / np.sqrt(k), jnp.bfloat16)
     qw = quant.quantize_weight(w, fmt)
+    if per_column:
+        qw = dataclasses.replace(qw, scales=jnp.repeat(qw.scales, 128, axis=2)[:, :, :n])
     x = jnp.asarray(rng.standard_normal((m + 5, k)), jnp.bfloat16)
     index = jnp.asarray(rng.integers(0, m + 5, m), jnp.int32)
     bias = jnp.asarray(rng.standard_normal((e, n)), jnp.float32)
     scale = jnp.asarray(rng.random(m) + 0.5, jnp.float32)
+    lhs, fp8 = x, {}
+    if fp8_activations:
+        lhs, lhs_scales = quant.quantize_rows(x)
+        x = quant.dequantize_rows(lhs, lhs_scales, jnp.float32)
+        fp8 = {"lhs_scales": lhs_scales, "out_dtype": jnp.bfloat16}
     want = gmm_oracle(
         np.asarray(x)[index], qw.dequantize(jnp.float32), sizes, bias, activation, scale
     )
 
     def run(config):
         out = gmm_quant(
-            x,
+            lhs,
             qw,
             jnp.asarray(sizes, jnp.int32),
             lhs_row_index=index,
@@ -175,6 +184,7 @@ def _epilogue_case(fmt, activation, k, n, sizes, m):
             activation=activation,
             row_scale=scale,
             config=config,
+            **fp8,
         )
         assert out.shape == (m, n // 2 if activation else n) and out.dtype == jnp.bfloat16
         assert rel_err(out, want) < 5e-3
@@ -640,16 +650,11 @@ def test_gptoss_sized_quantised_layer(fmt):
     dequantize_experts(qparams) within the documented bound, at T = 1 (decode), T = 64 and
     T = 2048 (64 rows per expert: the table's 128-row tiles); mxfp4 with one scale multiply a
     pair (`small_scales`, as quantize_experts marks these weights) and with two."""
-    from tests.helpers import device_normal
+    from tests.helpers import device_expert_params, device_normal
 
     rng = np.random.default_rng(3)
     experts, hidden, inter, top_k = 128, 2880, 2880, 4
-    params = {
-        "w_gate_up": device_normal(rng, (experts, hidden, 2 * inter), jnp.bfloat16, hidden**-0.5),
-        "w_down": device_normal(rng, (experts, inter, hidden), jnp.bfloat16, inter**-0.5),
-        "b_gate_up": device_normal(rng, (experts, 2 * inter), jnp.bfloat16, 0.1),
-        "b_down": device_normal(rng, (experts, hidden), jnp.bfloat16, 0.1),
-    }
+    params = device_expert_params(rng, experts, hidden, inter, jnp.bfloat16, (0.1, 0.1))
     qparams = moe_pallas.quantize_experts(params, fmt)
     del params
     dense = moe_pallas.dequantize_experts(qparams)

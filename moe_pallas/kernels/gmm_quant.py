@@ -500,33 +500,41 @@ def _kernel(
                 accs = mx_step(j, accs, scales[u] if ahead else mx_scales(j))
             return accs, tuple(nxt)
 
+        def x_tiles(i, j, depth):
+            """x's tiles of K values [k0, k0 + depth), k0 = i·bk + j·depth, with the offset and
+            K mask of the weight tile that meets them: in the paired view (K a multiple of 4,
+            pair p holds k = 2p, 2p + 1) the [h, depth/2] tiles of the two halves of x's
+            reordered columns (`_word_x_order`) at pair offset i·bk/2 + j·depth/2 (a product
+            keeps its alignment for Triton; k0 // 2 does not), else the [h, depth] tile at k0."""
+            if paired:
+                p0 = i * (bk // 2) + j * (depth // 2)
+                pair_ks = p0 + jnp.arange(depth // 2, dtype=jnp.int32)
+                mask = None if k_dim % bk == 0 else pair_ks < k_dim // 2
+                halves = (p0, k_dim // 2 + p0)
+                return p0, tuple(lhs_tile(p, depth // 2, mask) for p in halves), mask
+            k0 = i * bk + j * depth
+            ks = k0 + jnp.arange(depth, dtype=jnp.int32)
+            mask = ks < k_dim if k_dim % bk else None
+            return k0, (lhs_tile(k0, depth, mask),), mask
+
         def fp8_body(i, accs):
             """acc += x[:, k0:k0+bk] @ the weight tile: the N-major tile [width, bk] decoded and
             fed to the dot transposed; in the paired view its [width, bk/2] byte pairs are two
             half-depth dots' operands, each word's first pair (low) and second (high), against
-            the two halves of x's reordered columns (`_word_x_order`)."""
+            the two halves of x's reordered columns (`x_tiles`)."""
             k0 = i * bk
-            if paired:  # K is a multiple of 4: pair j holds k = 2j, 2j + 1
-                p0 = i * (bk // 2)  # a product keeps its alignment for Triton; k0 // 2 does not
-                pair_ks = p0 + jnp.arange(bk // 2, dtype=jnp.int32)
-                pair_mask = None if k_dim % bk == 0 else pair_ks < k_dim // 2
-                a_low = lhs_tile(p0, bk // 2, pair_mask)
-                a_high = lhs_tile(k_dim // 2 + p0, bk // 2, pair_mask)
-            else:
-                ks = k0 + jnp.arange(bk, dtype=jnp.int32)
-                k_mask = ks < k_dim if k_dim % bk else None
-                a = lhs_tile(k0, bk, k_mask)
+            offset, xs, mask = x_tiles(i, 0, bk)
             new = list(accs)
             for c, (c0, width, valid) in enumerate(blocks):
                 if paired:
-                    pairs = load_values(c0, width, valid, p0, bk // 2, pair_mask)
+                    pairs = load_values(c0, width, valid, offset, bk // 2, mask)
                     terms = [
                         (a_half, _e4m3_pair_f16(pairs, half).astype(compute_dtype))
-                        for a_half, half in ((a_low, "low"), (a_high, "high"))
+                        for a_half, half in zip(xs, ("low", "high"))
                     ]
                 else:
-                    q = load_values(c0, width, valid, k0, bk, k_mask)
-                    terms = [(a, _e4m3_f16(q).astype(compute_dtype))]
+                    q = load_values(c0, width, valid, offset, bk, mask)
+                    terms = [(xs[0], _e4m3_f16(q).astype(compute_dtype))]
                 if fmt == "fp8_block":
                     block_scales = _load(
                         scales_ref.at[g, k0 // FP8_BLOCK, block_scale_cols(c0, width)],
@@ -560,24 +568,16 @@ def _kernel(
                     else lhs_scale_ref.at[pl.ds(m0, h), kj // FP8_BLOCK],
                     row_ok,
                 )
-                if paired:  # pairs of K values, aligned as products (fp8_body)
-                    pj = i * (bk // 2) + j * (depth // 2)
-                    pair_ks = pj + jnp.arange(depth // 2, dtype=jnp.int32)
-                    mask = None if k_dim % bk == 0 else pair_ks < k_dim // 2
-                    a_low = lhs_tile(pj, depth // 2, mask)
-                    a_high = lhs_tile(k_dim // 2 + pj, depth // 2, mask)
-                else:
-                    ks = kj + jnp.arange(depth, dtype=jnp.int32)
-                    mask = ks < k_dim if k_dim % bk else None
-                    a8 = jax.lax.bitcast_convert_type(lhs_tile(kj, depth, mask), jnp.float8_e4m3fn)
+                offset, xs, mask = x_tiles(i, j, depth)
                 for c, (c0, width, valid) in enumerate(blocks):
                     if paired:
-                        pairs = load_values(c0, width, valid, pj, depth // 2, mask)
-                        d = dot(a_low, _e4m3_pair_f16(pairs, "low")) + dot(
-                            a_high, _e4m3_pair_f16(pairs, "high")
+                        pairs = load_values(c0, width, valid, offset, depth // 2, mask)
+                        d = dot(xs[0], _e4m3_pair_f16(pairs, "low")) + dot(
+                            xs[1], _e4m3_pair_f16(pairs, "high")
                         )
                     else:
-                        q = load_values(c0, width, valid, kj, depth, mask)
+                        q = load_values(c0, width, valid, offset, depth, mask)
+                        a8 = jax.lax.bitcast_convert_type(xs[0], jnp.float8_e4m3fn)
                         d = fp8_dot(a8, jax.lax.bitcast_convert_type(q, jnp.float8_e4m3fn))
                     if fmt == "fp8":  # (the column scale is the epilogue's)
                         step_scale = s_x[:, None]
