@@ -30,7 +30,7 @@ for T in (2048, 16384):
                 base = CONFIG(kernel, dtype, num_rows, num_groups, k, n, activation)
                 if str(dtype) == "float8_e4m3fn" and base.block_m >= 64:
                     bn = cfg.block_n // (2 if activation else 1)
-                    return dataclasses.replace(cfg, block_n=min(bn, base.block_n * 4))
+                    return dataclasses.replace(cfg, block_n=bn)
                 return base
             pt.config = patched
         try:
