@@ -415,6 +415,12 @@ def _kernel(
             return (c0 + jnp.arange(width, dtype=jnp.int32)) // FP8_BLOCK
         return pl.ds(c0, width)
 
+    def block_scale_row(k, c0, width, valid):
+        """fp8_block: the scales of columns c0.. in the 128-row K block of index k."""
+        return _load(
+            scales_ref.at[g, k // FP8_BLOCK, block_scale_cols(c0, width)], col_mask(width, valid)
+        )
+
     def load_values(c0, width, valid, k0, depth, k_mask=None):
         """A weight tile of the N-major values [E, N, K] (mxfp4: [E, N, K/4] uint16 byte pairs;
         fp8's paired view: [E, N, K/2] uint16): [width, depth] from column c0 and K index k0
@@ -540,10 +546,7 @@ def _kernel(
                     q = load_values(c0, width, valid, offset, bk, mask)
                     terms = [(xs[0], _e4m3_f16(q).astype(compute_dtype))]
                 if fmt == "fp8_block":
-                    block_scales = _load(
-                        scales_ref.at[g, k0 // FP8_BLOCK, block_scale_cols(c0, width)],
-                        col_mask(width, valid),
-                    )
+                    block_scales = block_scale_row(k0, c0, width, valid)
                     if h < FOLD_MIN_ROWS:  # the step's partial dot scaled in float32
                         d = functools.reduce(jnp.add, (dot(a_t, w_t) for a_t, w_t in terms))
                         s_cols = block_scales[:, None] if swapped else block_scales[None, :]
@@ -590,11 +593,7 @@ def _kernel(
                             :, None
                         ]
                     else:
-                        s_w = _load(
-                            scales_ref.at[g, kj // FP8_BLOCK, block_scale_cols(c0, width)],
-                            col_mask(width, valid),
-                        )
-                        step_scale = s_x[:, None] * s_w[None, :]
+                        step_scale = s_x[:, None] * block_scale_row(kj, c0, width, valid)[None, :]
                     new[c] = new[c] + d * step_scale
             return tuple(new)
 
