@@ -118,14 +118,13 @@ def checkpoint_case(
         read_safetensors(path), layout, prefix=prefix, dtype=dtype, dequantize=dequantize
     )
     if fp8_activations:
-        weights = [params[name] for name in ("w_gate_up", "w_down")]
-        if not all(is_quantized(w) and w.fmt in ("fp8", "fp8_block") for w in weights):
-            kinds = [w.fmt if is_quantized(w) else "dense" for w in weights]
+        try:
+            params = use_fp8_activations(params)
+        except ValueError as err:  # MXFP4 or dense experts
             raise ValueError(
                 "--fp8-activations needs FP8 experts kept as stored (a per-expert FP8 checkpoint, "
-                f"without --dequantize); this one's are {kinds}."
-            )
-        params = use_fp8_activations(params)
+                f"without --dequantize): {err}"
+            ) from err
     num_experts, hidden, two_inter = params["w_gate_up"].shape
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"--top-k={top_k} must be in [1, {num_experts}] (the file's experts).")

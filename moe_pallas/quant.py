@@ -309,8 +309,16 @@ def quantize_experts(params: Mapping, fmt: str, *, fp8_activations: bool = False
 
 def use_fp8_activations(qparams: Mapping, enable: bool = True) -> dict:
     """qparams with every `QuantizedWeight`'s `fp8_activations` set to `enable` (e.g. on
-    checkpoint weights from `load_experts(..., dequantize=False)`); each must be "fp8" or
-    "fp8_block" to enable it."""
+    checkpoint weights from `load_experts(..., dequantize=False)`); to enable it each must be
+    "fp8" or "fp8_block", and `w_gate_up` and `w_down` must be quantised (a ValueError names a
+    dense one rather than leave its products in bf16)."""
+    dense = [k for k in _WEIGHT_NAMES if k in qparams and not is_quantized(qparams[k])]
+    if enable and dense:
+        raise ValueError(
+            f"fp8_activations needs quantised expert weights, but {dense} are dense: quantize "
+            "them first (quantize_experts(params, 'fp8_block', fp8_activations=True)) or load "
+            "them as stored (load_experts(..., dequantize=False))."
+        )
     return {
         k: dataclasses.replace(v, fp8_activations=enable) if is_quantized(v) else v
         for k, v in dict(qparams).items()

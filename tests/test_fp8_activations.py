@@ -220,6 +220,8 @@ def test_fp8_activations_errors():
     on = moe_pallas.use_fp8_activations(qparams)
     assert on["w_down"].fp8_activations and not qparams["w_down"].fp8_activations
     assert not moe_pallas.use_fp8_activations(on, False)["w_down"].fp8_activations
+    with pytest.raises(ValueError, match=r"\['w_gate_up'\] are dense"):
+        moe_pallas.use_fp8_activations({"w_gate_up": w, **on})
     x = jnp.ones((4, 128), jnp.bfloat16)
     values, scales = quant.quantize_rows(x)
     sizes = jnp.array([2, 2], jnp.int32)
