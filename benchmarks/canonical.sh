@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 OUT=benchmarks/results
 IMPLS=moe_pallas:auto,cublas_line,tokamax,torch._grouped_mm
 OURS_Q=moe_pallas:auto+fp8,moe_pallas:auto+fp8_block,moe_pallas:auto+mxfp4
+# FP8 activations pay where the layer is compute-bound, so only the forward suites time them.
+OURS_A8=moe_pallas:auto+fp8_a8,moe_pallas:auto+fp8_block_a8
 PEERS_Q=tokamax+fp8,tokamax+fp8_block,tokamax+mxfp4
 PY=${PYTHON:-python3}
 # A case's compile-only implementations compile in COMPILE_WORKERS threads (1: one after another).
@@ -19,8 +21,8 @@ run() {
   "$PY" -m benchmarks.run --out "$OUT" --time-limit 540 --compile-workers "${COMPILE_WORKERS:-8}" "$@"
 }
 case "${1:-}" in
-  1) run --suite gptoss --impls "$IMPLS,$OURS_Q" ;;
-  2) run --suite swiglu256 --impls "$IMPLS,$OURS_Q" --append ;;
+  1) run --suite gptoss --impls "$IMPLS,$OURS_Q,$OURS_A8" ;;
+  2) run --suite swiglu256 --impls "$IMPLS,$OURS_Q,$OURS_A8" --append ;;
   3) run --suite decode,gmm --impls "$IMPLS,$OURS_Q,$PEERS_Q" --append ;;
   4)
     run --suite train --impls "$IMPLS" --append

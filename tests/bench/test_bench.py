@@ -756,9 +756,9 @@ def test_canonical_script_names_existing_suites_and_implementations():
     assert done.returncode == 2 and "usage" in done.stderr
     text = script.read_text()
     names = set()
-    for value in re.findall(r"^(?:IMPLS|OURS_Q|PEERS_Q)=(\S+)$", text, re.MULTILINE):
+    for value in re.findall(r"^(?:IMPLS|OURS_Q|OURS_A8|PEERS_Q)=(\S+)$", text, re.MULTILINE):
         names |= set(value.split(","))
-    assert len(names) == 10 and names <= set(impls.IMPLS)
+    assert len(names) == 12 and names <= set(impls.IMPLS)
     for suites in re.findall(r"--suite (\S+)", text):
         assert set(suites.split(",")) <= set(cases.SUITES)
     for case in re.findall(r"(?:gptoss|swiglu256):(?:fwd|train):\d+", text):
