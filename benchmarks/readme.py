@@ -64,8 +64,9 @@ def readme_section(results: Path, readme: Path, performance: Path) -> str:
         *run.summary_table(rows, summary),
         "",
         (
-            f"Quantised expert weights ({', '.join(_impls.QUANT_FORMATS)}), per case against our "
-            f"bf16 layer and their weight-read floor: [{page}]({page}#per-case)."
+            f"Quantised expert weights ({', '.join(_impls.QUANT_FORMATS)}; `_a8`: FP8 activations "
+            f"too), per case against our bf16 layer and their weight-read floor: "
+            f"[{page}]({page}#per-case)."
         ),
         "",
         f"![% SOL per case]({results_link}/pct_sol.png)",
