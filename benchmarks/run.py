@@ -154,7 +154,9 @@ def prepare_ahead(case, impl_names, inputs, workers: int, skip=None) -> dict:
         try:
             return _impls.IMPLS[name](case, inputs)
         except Exception as err:  # noqa: BLE001 - raised again where the row is written
-            return err
+            # without its traceback, whose frames (the pool's among them) would hold the case's
+            # arrays in a reference cycle
+            return err.with_traceback(None)
 
     with concurrent.futures.ThreadPoolExecutor(min(workers, len(ahead))) as pool:
         return dict(zip(ahead, pool.map(prepare, ahead)))
@@ -209,7 +211,6 @@ def run_case(
             )
             if _impls.weight_format(name) is not None:
                 row["pct_sol"] = None  # bf16 bytes' SOL; the message gives the stored bytes' floor
-            del prep, out, comparable
         except _impls.Skip as err:
             row.update(status="oom" if "(oom)" in str(err) else "skipped", message=str(err))
         except NotImplementedError as err:
@@ -219,6 +220,11 @@ def run_case(
             row.update(
                 status="oom" if _is_oom(err) else "error", message=f"{type(err).__name__}: {first}"
             )
+        finally:
+            # A prepared-ahead exception raised here holds this frame in its traceback: left in
+            # `prep`, that cycle would keep the case's arrays on the device until a garbage
+            # collection, past the next cases' allocations.
+            prep = out = comparable = None
         rows.append(row)
         if pbar is not None:
             pbar.set_postfix_str(f"{case.name} {name}: {row['status']}")
