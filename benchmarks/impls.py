@@ -655,6 +655,6 @@ IMPLS: dict[str, Callable[[Case, dict], Prepared]] = {
 # only one of them that times kernels while compiling. The line (it times its variants), torch (it
 # runs a step) and jax.lax.ragged_dot (its dense XLA dot is autotuned too) are prepared alone, as
 # are the quantised weights' implementations: each holds its own copy of the case's weights, and
-# all of them at once (SwiGLU-256's decode cases: 38 GB for ours, more for tokamax's) left the
+# all of them at once (SwiGLU-256's decode cases: 33 GB for ours, tokamax's besides) left the
 # line too little of the device's memory.
 COMPILE_AHEAD = frozenset([*OURS, "tokamax"])
