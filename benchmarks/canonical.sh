@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The canonical run kept in benchmarks/results/ (docs/benchmarks.md, "The canonical run"), in steps
-# that each fit a 10-minute call on an H200, all at one commit (BENCH_COMMIT=<sha> where the tree
-# has no .git):
+# that each fit a 10-minute call on an H200 with room to spare (a step cut short, or lost with its
+# machine, is run again alone), all at one commit (BENCH_COMMIT=<sha> where the tree has no .git):
 #   benchmarks/canonical.sh 1    # gptoss forward suite, bf16 and quantised weights (a new run)
 #   benchmarks/canonical.sh 2    # swiglu256 forward suite, likewise (appended)
-#   benchmarks/canonical.sh 3    # decode with the quantised peers, and the gmm micro-benchmarks
-#   benchmarks/canonical.sh 4    # train, then benchmarks.trace of decode, 64-row and compute-bound cases
+#   benchmarks/canonical.sh 3    # decode, with the quantised peers
+#   benchmarks/canonical.sh 4    # the gmm micro-benchmarks
+#   benchmarks/canonical.sh 5    # train
+#   benchmarks/canonical.sh 6    # benchmarks.trace of decode, 64-row and compute-bound cases
 #   python3 -m benchmarks.readme # README's table and docs/performance.md from the folder
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,13 +25,14 @@ run() {
 case "${1:-}" in
   1) run --suite gptoss --impls "$IMPLS,$OURS_Q,$OURS_A8" ;;
   2) run --suite swiglu256 --impls "$IMPLS,$OURS_Q,$OURS_A8" --append ;;
-  3) run --suite decode,gmm --impls "$IMPLS,$OURS_Q,$PEERS_Q" --append ;;
-  4)
-    run --suite train --impls "$IMPLS" --append
+  3) run --suite decode --impls "$IMPLS,$OURS_Q,$PEERS_Q" --append ;;
+  4) run --suite gmm --impls "$IMPLS" --append ;;
+  5) run --suite train --impls "$IMPLS" --append ;;
+  6)
     "$PY" -m benchmarks.trace --steps 5 --out "$OUT/trace.md" --case gptoss:fwd:1 \
       gptoss:fwd:2048 gptoss:fwd:4096 gptoss:fwd:16384 gptoss:train:2048 gptoss:train:4096 \
       gptoss:train:16384 swiglu256:fwd:1 swiglu256:fwd:2048 swiglu256:fwd:3803 \
       swiglu256:fwd:4096 swiglu256:fwd:8192 swiglu256:train:2048 swiglu256:train:8192
     ;;
-  *) echo "usage: benchmarks/canonical.sh 1|2|3|4 (docs/benchmarks.md)" >&2; exit 2 ;;
+  *) echo "usage: benchmarks/canonical.sh 1|2|3|4|5|6 (docs/benchmarks.md)" >&2; exit 2 ;;
 esac
