@@ -41,7 +41,10 @@ finite value), "fp8_block" = per 128 x 128 block absmax / 448, values rounded to
 "mxfp4" per 32 values of K a power-of-two scale 2^(floor(log2(absmax)) − 2) (the OCP MX rule: the
 largest value lands in [4, 8)), values rounded to nearest even on the e2m1 grid, saturating at 6.
 Decoding is exact: every fp8 and e2m1 value times a power of two or a float32 scale is computed
-in float32 and rounded once to the requested dtype.
+in float32 and rounded once to the requested dtype. The weights must be finite: a NaN or an
+infinity would set the scale of its whole block (fp8: the column, fp8_block: the 128 x 128 block,
+mxfp4: the 32 values), so `quantize_experts` refuses concrete weights holding one (a ValueError
+names the weight and the first position); under `jit` they are not checked.
 
 FP8 activations (`QuantizedWeight.fp8_activations`, "fp8" and "fp8_block" weights; set by
 `quantize_experts(..., fp8_activations=True)` or `use_fp8_activations`): the products with such a
@@ -247,20 +250,47 @@ def _e2m1_codes(v):
     return jnp.where((v < 0) & (mag > 0), mag | 8, mag)
 
 
-def quantize_weight(w: jax.Array, fmt: str) -> QuantizedWeight:
-    """One dense `[E, K, N]` weight in `fmt` (module docstring's rules); logical dtype w's."""
+def quantize_weight(w: jax.Array, fmt: str, name: str = "the weight") -> QuantizedWeight:
+    """One dense `[E, K, N]` weight in `fmt` (module docstring's rules); logical dtype w's. name
+    is what errors call it."""
     _check_fmt(fmt)
     w = jnp.asarray(w)
     if w.ndim != 3 or not jnp.issubdtype(w.dtype, jnp.floating):
         raise ValueError(
             f"quantize_experts needs floating [E, K, N] weights, got {w.dtype}{list(w.shape)}."
         )
+    if not isinstance(w, jax.core.Tracer):
+        _check_finite(w, name)
     if fmt == "mxfp4" and w.shape[1] % (2 * MX_BLOCK):
         raise ValueError(
             f"mxfp4 packs K values as two halves of 32-value blocks: K={w.shape[1]} must be a "
             "multiple of 64 (gpt-oss's 2880 is); use fmt='fp8' for this weight."
         )
     return with_scale_bound(_quantize(w, fmt))
+
+
+def _check_finite(w: jax.Array, name: str) -> None:
+    """A ValueError if the concrete weight w holds a NaN or an infinity (module docstring)."""
+    per_expert = np.asarray(_non_finite_counts(w), np.int64)
+    if per_expert.any():
+        e = int(np.flatnonzero(per_expert)[0])
+        k, n = np.unravel_index(int(_first_non_finite(w[e])), w.shape[1:])
+        raise ValueError(
+            f"{name} holds {int(per_expert.sum())} NaN or infinite value(s), the first at "
+            f"[expert, k, n] = [{e}, {k}, {n}]; quantising would let it set the scale of its "
+            "whole block and spoil the block's other values. Fix or mask those weights first."
+        )
+
+
+@jax.jit
+def _non_finite_counts(w):
+    """Per expert, how many of w's values are NaN or infinite (one fused pass, no mask kept)."""
+    return jnp.sum(~jnp.isfinite(w), axis=(1, 2), dtype=jnp.int32)
+
+
+@jax.jit
+def _first_non_finite(w_e):
+    return jnp.argmin(jnp.isfinite(w_e).ravel())
 
 
 @functools.partial(jax.jit, static_argnames="fmt")
@@ -301,7 +331,9 @@ def quantize_experts(params: Mapping, fmt: str, *, fp8_activations: bool = False
     (module docstring)."""
     _check_fmt(fmt)
     qparams = {
-        name: quantize_weight(v, fmt) if name in _WEIGHT_NAMES and v is not None else v
+        name: quantize_weight(v, fmt, f"params[{name!r}]")
+        if name in _WEIGHT_NAMES and v is not None
+        else v
         for name, v in dict(params).items()
     }
     return use_fp8_activations(qparams) if fp8_activations else qparams

@@ -107,6 +107,33 @@ def test_quantising_works_a_few_experts_at_a_time(fmt):
         )
 
 
+@pytest.mark.parametrize("fmt", quant.FORMATS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_quantising_refuses_non_finite_weights(fmt, bad):
+    """A NaN or infinity would set its block's scale (fp8 turned an infinity's column into NaN,
+    mxfp4 stored both as finite values): concrete weights holding one are refused, naming the
+    weight, the count and the first position; under jit they are not checked (no host round
+    trip)."""
+    rng = np.random.default_rng()
+    params = {
+        k: jnp.asarray(v, jnp.bfloat16)
+        for k, v in make_params(rng, 4, 128, 64, biases=False).items()
+    }
+    w = np.asarray(params["w_gate_up"], np.float32)
+    w[2, 70, 5] = w[3, 1, 0] = bad
+    params["w_gate_up"] = jnp.asarray(w, jnp.bfloat16)
+    with pytest.raises(
+        ValueError, match=r"params\['w_gate_up'\] holds 2 NaN or infinite .*\[2, 70, 5\]"
+    ):
+        moe_pallas.quantize_experts(params, fmt)
+    with pytest.raises(ValueError, match=r"the weight holds 2 .*\[2, 70, 5\]"):
+        quant.quantize_weight(params["w_gate_up"], fmt)
+    traced = jax.jit(lambda p: moe_pallas.quantize_experts(p, fmt))(params)
+    assert quant.is_quantized(traced["w_gate_up"])
+    finite = moe_pallas.quantize_experts({**params, "w_gate_up": jnp.zeros_like(w)}, fmt)
+    assert quant.is_quantized(finite["w_gate_up"])
+
+
 def gmm_oracle(x, w, group_sizes, bias, activation, row_scale):
     """float64: rows of group g times w[g], + bias, GLU, x row scale; rows past the groups 0."""
     x, w = np.asarray(x, np.float64), np.asarray(w, np.float64)
