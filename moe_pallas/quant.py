@@ -290,6 +290,7 @@ def _non_finite_counts(w):
 
 @jax.jit
 def _first_non_finite(w_e):
+    """The flat index of one expert's first NaN or infinite value (K·N < 2^31: int32 holds it)."""
     return jnp.argmin(jnp.isfinite(w_e).ravel())
 
 
