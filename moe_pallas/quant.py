@@ -274,7 +274,7 @@ def _check_finite(w: jax.Array, name: str) -> None:
     per_expert = np.asarray(_non_finite_counts(w), np.int64)
     if per_expert.any():
         e = int(np.flatnonzero(per_expert)[0])
-        k, n = np.unravel_index(int(_first_non_finite(w[e])), w.shape[1:])
+        k, n = (int(i) for i in _first_non_finite(w[e]))
         raise ValueError(
             f"{name} holds {int(per_expert.sum())} NaN or infinite value(s), the first at "
             f"[expert, k, n] = [{e}, {k}, {n}]; quantising would let it set the scale of its "
@@ -290,8 +290,10 @@ def _non_finite_counts(w):
 
 @jax.jit
 def _first_non_finite(w_e):
-    """The flat index of one expert's first NaN or infinite value (K·N < 2^31: int32 holds it)."""
-    return jnp.argmin(jnp.isfinite(w_e).ravel())
+    """(k, n) of one expert's first NaN or infinite value, row then column (each index under
+    2^31, where a flat index over K·N might not be)."""
+    k = jnp.argmax(jnp.any(~jnp.isfinite(w_e), axis=1))
+    return k, jnp.argmin(jnp.isfinite(w_e[k]))
 
 
 @functools.partial(jax.jit, static_argnames="fmt")
