@@ -14,7 +14,9 @@ nvdisasm Triton ships. The loop printed is the one with the most instructions (a
 branch): the K loop. Per opcode (with its first modifier) its count, and the loop's total;
 instructions of the quarter-rate conversion and special-function pipes (F2F, F2FP, I2F, F2I,
 MUFU) are counted apart: an in-kernel weight decode is bound by them long before the memory; so
-are local loads and stores (LDL, STL), the registers spilled.
+are local loads and stores (LDL, STL), the registers spilled. Then the program's registers and
+shared memory, and how many programs an SM holds at once: a decode-sized grid of more programs
+than the SMs hold runs in waves.
 
 It shows where a kernel's issue slots go without a device (the fp8 decode's conversions in
 docs/decisions.md); it is not a timing, and jaxlib's Triton (what runs on the GPU) can schedule
@@ -30,6 +32,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+SM90_SHARED = 228 * 1024  # shared memory of one SM, bytes
+SM90_RESERVED_SHARED = 1024  # the driver's reserve per resident program
 SLOW_PIPE = ("F2F", "F2FP", "I2F", "F2I", "MUFU")
 _LABEL = re.compile(r"^(\.L_x_\d+):")
 _BRANCH = re.compile(r"BRA\s+`?\(?(\.L_x_\d+)")
@@ -55,6 +59,29 @@ def loop_mix(sass: str) -> collections.Counter:
         if m := _OPCODE.search(line):
             counts[m.group(1) + (m.group(2) or "")] += 1
     return counts
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """What one program of the kernel holds on an SM: registers a thread, shared memory bytes
+    (Triton's dynamic allocation, its pipeline ring, plus the cubin's static), warps."""
+
+    registers: int
+    shared: int
+    warps: int
+
+    @property
+    def programs_per_sm(self) -> int:
+        """Programs resident on one sm_90 SM at once: the least of what its 64 Ki registers (a
+        warp's allocated in units of 256), 228 KiB of shared memory (1 KiB of it reserved per
+        program by the driver), 64 warps and 32 programs allow."""
+        warp_registers = -(-self.registers * 32 // 256) * 256
+        return min(
+            65536 // (warp_registers * self.warps),
+            SM90_SHARED // (self.shared + SM90_RESERVED_SHARED),
+            64 // self.warps,
+            32,
+        )
 
 
 def slow_pipe(counts: collections.Counter) -> int:
@@ -133,8 +160,8 @@ def triton_module(args) -> str:
     return modules[-1]
 
 
-def compile_sass(ttir: str, warps: int, stages: int, keep: Path) -> str:
-    """Upstream Triton's sm_90 compile of `ttir`, disassembled."""
+def compile_sass(ttir: str, warps: int, stages: int, keep: Path) -> tuple[str, Resources]:
+    """Upstream Triton's sm_90 compile of `ttir`, disassembled, and what a program holds."""
     try:
         import triton
         from triton._C.libtriton import ir
@@ -169,7 +196,15 @@ def compile_sass(ttir: str, warps: int, stages: int, keep: Path) -> str:
         text=True,
     ).stdout
     (keep / "kernel.sass").write_text(sass)
-    return sass
+    usage = subprocess.run(
+        [str(nvdisasm.parent / "cuobjdump"), "-res-usage", str(keep / "kernel.cubin")],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    registers = int(re.search(r"REG:(\d+)", usage).group(1))
+    static_shared = int(re.search(r"SHARED:(\d+)", usage).group(1))
+    return sass, Resources(registers, kernel.metadata.shared + static_shared, warps)
 
 
 def main(argv=None) -> int:
@@ -206,7 +241,8 @@ def main(argv=None) -> int:
     parser.add_argument("--keep", type=Path, help="write the IR, PTX, cubin and SASS here")
     args = parser.parse_args(argv)
     keep = args.keep or Path(tempfile.mkdtemp(prefix="moe_pallas_sass_"))
-    counts = loop_mix(compile_sass(triton_module(args), args.warps, args.stages, keep))
+    sass, resources = compile_sass(triton_module(args), args.warps, args.stages, keep)
+    counts = loop_mix(sass)
     columns = args.block_n * (2 if args.activation else 1)
     values = args.block_k * columns // (32 * args.warps)  # weight values a thread decodes
     kind = f"{args.activation} GLU gmm" if args.activation else "gmm"
@@ -215,6 +251,10 @@ def main(argv=None) -> int:
         f"{args.warps} warps: {sum(counts.values())} instructions a thread, "
         f"{slow_pipe(counts)} on the conversion/SFU pipes, {spills(counts)} local loads/stores "
         f"(register spills), for {values} weight values"
+    )
+    print(
+        f"{resources.registers} registers a thread, {resources.shared / 1024:.1f} KiB of shared "
+        f"memory: {resources.programs_per_sm} programs an SM"
     )
     for op, count in counts.most_common():
         print(f"  {count:5d}  {op}")

@@ -679,6 +679,25 @@ def test_sass_loop_mix_counts_the_longest_loop():
 
 
 @pytest.mark.parametrize(
+    "registers, shared_kib, warps, programs",
+    [
+        (70, 73, 4, 3),  # shared memory bounds: 3 x 74 KiB of 228
+        (40, 41, 4, 5),
+        (168, 8, 8, 1),  # registers bound: 168 a thread is 5376 a warp, 43008 a program
+        (24, 1, 4, 16),  # warps bound: 64 a SM
+        (16, 0, 1, 32),  # programs bound
+    ],
+)
+def test_sass_programs_per_sm(registers, shared_kib, warps, programs):
+    """benchmarks.sass's occupancy: the least of what sm_90's registers (256 a warp at a time),
+    shared memory (1 KiB reserved a program), warps and program slots allow."""
+    from benchmarks import sass
+
+    resources = sass.Resources(registers=registers, shared=shared_kib * 1024, warps=warps)
+    assert resources.programs_per_sm == programs
+
+
+@pytest.mark.parametrize(
     "weights, activation, fp8_activations",
     [
         ("bf16", None, False),
