@@ -3,10 +3,11 @@
     python -m benchmarks.sass [--weights bf16|fp8|fp8_block|mxfp4] [--rows 16] [--block-n 64]
                               [--block-k 128] [--warps 4] [--stages 3] [--k 2880] [--n 2880]
                               [--activation swiglu|gptoss] [--experts 128] [--large-scales]
-                              [--weights-first] [--fp8-activations] [--keep DIR]
+                              [--weights-first] [--fp8-activations] [--transposed] [--keep DIR]
 
 The gmm (row scale, plain or with a GLU epilogue; `kernels.gmm` for bf16 weights,
-`kernels.gmm_quant` for the stored formats) at one tile config is lowered for an abstract H200
+`kernels.gmm_quant` for the stored formats; with --transposed the backward's product with wᵀ,
+`kernels.gmm_quant_t` for fp8 and fp8_block) at one tile config is lowered for an abstract H200
 (`jax.sharding.use_abstract_mesh`, as `tests/test_lowering.py`), its Triton module captured from
 Pallas's lowering, compiled by
 upstream Triton (`pip install triton==3.6.0`, the GPU image's) for sm_90, and disassembled by the
@@ -104,6 +105,7 @@ def triton_module(args) -> str:
     from moe_pallas.kernels.config import BlockConfig
     from moe_pallas.kernels.gmm import gmm
     from moe_pallas.kernels.gmm_quant import gmm_quant
+    from moe_pallas.kernels.gmm_quant_t import gmm_quant_t
 
     sds = jax.ShapeDtypeStruct
     cfg = BlockConfig(
@@ -117,7 +119,18 @@ def triton_module(args) -> str:
     e, k, n, m = args.experts, args.k, args.n, args.experts * 2 * args.rows
     lhs, sizes, scale = sds((m, k), jnp.bfloat16), sds((e,), jnp.int32), sds((m,), jnp.float32)
     act = args.activation
-    if args.weights == "bf16":
+    if args.transposed:  # the backward's lhs [M, N] @ wᵀ, w [E, K, N]: a K loop over N
+        lhs = sds((m, n), jnp.bfloat16)
+        if args.weights == "bf16":
+            fn = lambda lhs, sizes, w, scale: gmm(
+                lhs, w, sizes, transpose_rhs=True, row_scale=scale, config=cfg
+            )
+            w = sds((e, k, n), jnp.bfloat16)
+        else:
+            stored = quant.quantize_weight(jnp.zeros((1, k, n), jnp.bfloat16), args.weights)
+            w = jax.tree.map(lambda a: sds((e, *a.shape[1:]), a.dtype), stored)
+            fn = lambda lhs, sizes, w, scale: gmm_quant_t(lhs, w, sizes, config=cfg)
+    elif args.weights == "bf16":
         fn = lambda lhs, sizes, w, scale: gmm(
             lhs, w, sizes, row_scale=scale, activation=act, config=cfg
         )
@@ -238,14 +251,25 @@ def main(argv=None) -> int:
         action="store_true",
         help="mxfp4: the decode of scale codes above 128 (two multiplies a pair, not one)",
     )
+    parser.add_argument(
+        "--transposed",
+        action="store_true",
+        help="the backward's product with wᵀ (gmm_t; fp8/fp8_block: kernels.gmm_quant_t): rows "
+        "of N, output columns of K, block-n tiling K and block-k the N contraction",
+    )
     parser.add_argument("--keep", type=Path, help="write the IR, PTX, cubin and SASS here")
     args = parser.parse_args(argv)
+    if args.transposed and (
+        args.activation or args.fp8_activations or args.weights_first or args.weights == "mxfp4"
+    ):
+        parser.error("--transposed takes bf16, fp8 or fp8_block weights, no GLU or fp8 options")
     keep = args.keep or Path(tempfile.mkdtemp(prefix="moe_pallas_sass_"))
     sass, resources = compile_sass(triton_module(args), args.warps, args.stages, keep)
     counts = loop_mix(sass)
     columns = args.block_n * (2 if args.activation else 1)
     values = args.block_k * columns // (32 * args.warps)  # weight values a thread decodes
     kind = f"{args.activation} GLU gmm" if args.activation else "gmm"
+    kind = "transposed gmm (gmm_t)" if args.transposed else kind
     print(
         f"K loop of the {args.weights} {kind}, {args.rows} x {columns} x {args.block_k} tile, "
         f"{args.warps} warps: {sum(counts.values())} instructions a thread, "

@@ -287,3 +287,25 @@ def test_quantised_gmm_lowers_to_triton(fmt, small_scales, config):
         SDS((tokens * top_k,), jnp.int32),
     )
     assert triton_calls(lower_for_h200(glu_gmm, *args)) == 1
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_block"])
+@pytest.mark.parametrize("tokens", [16, 4096])
+def test_quantised_transposed_gmm_lowers_to_triton(fmt, tokens):
+    """The backward's product with wᵀ on fp8 weights as stored (`kernels.gmm_quant_t`, through the
+    pallas_triton backend and its table entries) at SwiGLU-256's gate_up, whose values of 2^32
+    bytes it reads as byte pairs: one Triton call and no dense weight."""
+    from moe_pallas import backends, quant
+
+    hidden, inter, experts, top_k, _ = WORKLOADS["swiglu"]
+    k, n = hidden, 2 * inter
+    values = SDS((experts, n, k), jnp.float8_e4m3fn)
+    scales = SDS((experts, n) if fmt == "fp8" else (experts, k // 128, n // 128), jnp.float32)
+
+    def dx(dh, values, scales, sizes):
+        w = quant.QuantizedWeight(values, scales, fmt, jnp.bfloat16)
+        return backends.gmm("pallas_triton", dh, w, sizes, transpose_rhs=True)
+
+    args = (SDS((tokens * top_k, n), jnp.bfloat16), values, scales, SDS((experts,), jnp.int32))
+    text = lower_for_h200(dx, *args)
+    assert triton_calls(text) == 1 and f"{experts}x{k}x{n}xbf16" not in text

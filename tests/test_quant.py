@@ -16,6 +16,7 @@ from moe_pallas.kernels import gmm_quant as gmm_quant_module
 from moe_pallas.kernels import mx_words
 from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.gmm_quant import gmm_quant
+from moe_pallas.kernels.gmm_quant_t import gmm_quant_t
 from moe_pallas.reference import moe_experts_reference
 from tests.helpers import FULL_SHAPES, make_params, random_routing
 
@@ -438,6 +439,65 @@ def test_ragged_dot_quantised_and_errors():
         moe_pallas.quantize_experts({"w_down": w}, "int4")
 
 
+@pytest.mark.parametrize("fmt,bound", [("fp8", 1e-3), ("fp8_block", 1e-5)])
+def test_transposed_products_on_the_stored_weights(fmt, bound):
+    """gmm_quant_t, the backward's lhs @ wᵀ on fp8 weights as stored, against the float64 product
+    with the exactly decoded weights (float32 out: fp8 rounds lhs · s to float16, 2^-11;
+    fp8_block's bf16 lhs is exact in float16): contraction and column tails (N = 200 and K = 136
+    against 64-wide blocks), an empty group, a one-row group, 16- and 32-row paths, a gathered
+    lhs, and rows past the groups written as zeros (interpret mode pre-fills NaN). Then the
+    gradient of ragged_dot runs it (no dense weight in the jaxpr), and what it does not take
+    ("mxfp4", per-column fp8_block scales, float32 lhs, odd K) is refused by name."""
+    rng = np.random.default_rng()
+    e, k, n = 4, 136, 200
+    qw = quant.quantize_weight(jnp.asarray(rng.standard_normal((e, k, n)), jnp.bfloat16), fmt)
+    sizes = [21, 0, 1, 40]
+    rows = sum(sizes) + 5
+    src = rng.integers(0, 30, rows)
+    lhs = jnp.asarray(rng.standard_normal((30, n)), jnp.bfloat16)
+    cfg = BlockConfig(block_m=32, block_n=64, block_k=64, min_block_m=16)
+    got = gmm_quant_t(
+        lhs,
+        qw,
+        jnp.array(sizes, jnp.int32),
+        lhs_row_index=jnp.asarray(src, jnp.int32),
+        out_dtype=jnp.float32,
+        config=cfg,
+    )
+    dense = np.asarray(qw.dequantize(jnp.float32), np.float64)
+    want, start = np.zeros((rows, k)), 0
+    for g, size in enumerate(sizes):
+        rows_g = np.asarray(lhs, np.float64)[src[start : start + size]]
+        want[start : start + size] = rows_g @ dense[g].T
+        start += size
+    assert got.shape == (rows, k) and np.isfinite(got).all()
+    np.testing.assert_array_equal(got[start:], 0)
+    assert rel_err(got, want) < bound
+
+    x = jnp.asarray(rng.standard_normal((9, k)), jnp.bfloat16)
+    dot_sizes = jnp.array([4, 0, 5, 0], jnp.int32)
+    dx_fn = jax.grad(
+        lambda x: jnp.sum(moe_pallas.ragged_dot(x, qw, dot_sizes, implementation="pallas_triton"))
+    )
+    assert f"gmm_t_{fmt}" in str(jax.make_jaxpr(dx_fn)(x))
+    dx_want = jax.grad(lambda x: jnp.sum(jax.lax.ragged_dot(x, qw.dequantize(), dot_sizes)))(x)
+    assert rel_err(dx_fn(x), dx_want) < 1e-2
+
+    from moe_pallas.kernels.gmm_quant_t import supports
+
+    w = jnp.zeros((2, 128, 272), jnp.bfloat16)
+    assert supports(quant.quantize_weight(w, fmt), jnp.bfloat16)
+    assert not supports(quant.quantize_weight(w, fmt), jnp.float32)
+    assert not supports(quant.quantize_weight(w, "mxfp4"), jnp.bfloat16)
+    assert not supports(quant.quantize_weight(w[:, :127], fmt), jnp.bfloat16)
+    per_column = quant.QuantizedWeight(
+        qw.values, jnp.ones((e, 2, n), jnp.float32), "fp8_block", jnp.bfloat16
+    )
+    assert not supports(per_column, jnp.bfloat16)
+    with pytest.raises(ValueError, match="Dequantise the weight"):
+        gmm_quant_t(lhs, per_column, jnp.array(sizes, jnp.int32))
+
+
 def test_layer_and_checkpoints_kept_as_stored():
     """load_experts(dequantize=False): gpt-oss MXFP4 and per-expert FP8 (I = 136: per-column
     factors) as stored, decoding bit for bit to the dense load; an NNX layer holding them runs."""
@@ -731,6 +791,9 @@ def test_swiglu256_sized_quantised_weights(fmt):
     sizes[experts] = [3, 1, 2, 5, 2, 1, 4]
     x = jax.random.normal(keys[2], (int(sizes.sum()), h), jnp.bfloat16)
     out = np.asarray(gmm_quant(x, w, jnp.asarray(sizes, jnp.int32), activation="swiglu"))
+    if fmt == "fp8":
+        dh = jax.random.normal(keys[2], (int(sizes.sum()), n), jnp.bfloat16)
+        out_t = np.asarray(gmm_quant_t(dh, w, jnp.asarray(sizes, jnp.int32)))
     bounds = np.cumsum([0, *sizes])
     for g in experts:
         one = quant.QuantizedWeight(values[g : g + 1], scales[g : g + 1], fmt, jnp.bfloat16)
@@ -740,6 +803,42 @@ def test_swiglu256_sized_quantised_weights(fmt):
             x[rows], one.dequantize(jnp.float32), [sizes[g]], zero_bias, "swiglu", unit_scale
         )
         assert rel_err(out[rows], want) < 5e-3, g
+        if fmt == "fp8":  # the backward's product with wᵀ (`kernels.gmm_quant_t`), byte pairs too
+            dense = np.asarray(one.dequantize(jnp.float32), np.float64)[0]
+            want_t = np.asarray(dh[rows], np.float64) @ dense.T
+            assert rel_err(out_t[rows], want_t) < 5e-3, g
+
+
+@FULL_SHAPES
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_block"])
+def test_gptoss_sized_quantised_gradients(fmt):
+    """Gradients of x and the routing weights through gpt-oss's full-size experts as stored ("auto"
+    on the GPU: the backward's products with wᵀ on `kernels.gmm_quant_t`, no dense weight) against
+    those through the bf16 layer on dequantize_experts(qparams), at T = 64 and T = 2048."""
+    from moe_pallas.kernels.gmm_quant_t import supports
+    from tests.helpers import device_expert_params, device_normal
+
+    rng = np.random.default_rng(4)
+    experts, hidden, inter, top_k = 128, 2880, 2880, 4
+    params = device_expert_params(rng, experts, hidden, inter, jnp.bfloat16, (0.1, 0.1))
+    qparams = moe_pallas.quantize_experts(params, fmt)
+    del params
+    dense = moe_pallas.dequantize_experts(qparams)
+    assert supports(qparams["w_gate_up"], jnp.bfloat16)
+
+    def grads(x, idx, wts, p):
+        loss = lambda x, wts: jnp.sum(
+            moe_pallas.moe_experts(x, idx, wts, p, activation="gptoss").astype(jnp.float32) ** 2
+        )
+        return jax.grad(loss, argnums=(0, 1))(x, wts)
+
+    grads = jax.jit(grads)
+    for tokens in (64, 2048):
+        x = device_normal(rng, (tokens, hidden), jnp.bfloat16)
+        idx, wts = random_routing(rng, tokens, experts, top_k)
+        for got, want in zip(grads(x, idx, wts, qparams), grads(x, idx, wts, dense)):
+            assert rel_err(got, want) < 3e-2, (tokens, fmt)
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,9 @@ Quantised weights (`moe_pallas.quant`): a gmm whose rhs is a `QuantizedWeight` c
 `weight_format` in the Problem; "pallas_triton" runs it (`kernels.gmm_quant`, the weights
 converted on chip), Mosaic GPU does not support it, so "auto" and "mosaic_gpu" give it to
 "pallas_triton" on a GPU; "xla" (and so "auto" off GPU) materialises the dense weight per call.
-Products with a transposed quantised weight (the backward's dx) are dequantised per call.
+Products with a transposed quantised weight (the backward's dx and the GLU's input gradient) run
+`kernels.gmm_quant_t` on "pallas_triton" where it takes them ("fp8", "fp8_block" with block
+scales), and are dequantised per call otherwise ("mxfp4", and every call on "xla").
 `ragged_dot`, `tgmm`, the fused expert block and the expert-parallel path all call `gmm`, `tgmm`
 and `block_ops` below, so one policy decides for all of them.
 
@@ -46,7 +48,7 @@ import jax
 import jax.numpy as jnp
 
 from moe_pallas import quant, tuning
-from moe_pallas.kernels import _common
+from moe_pallas.kernels import _common, gmm_quant_t
 
 Implementation = Literal["auto", "pallas_triton", "mosaic_gpu", "xla"]
 IMPLEMENTATIONS: tuple[str, ...] = ("auto", "pallas_triton", "mosaic_gpu", "xla")
@@ -171,11 +173,15 @@ def gmm(
     out_dtype=None,
 ) -> jax.Array:
     """`kernels.gmm.gmm`'s contract on the backend the policy selects for this call; rhs may be a
-    `quant.QuantizedWeight` (transposed: dequantised here, per call)."""
+    `quant.QuantizedWeight` (transposed and not `gmm_quant_t.supports`: dequantised here, per
+    call)."""
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
     weight_format = None
     if quant.is_quantized(rhs):
-        if transpose_rhs:  # the backward's products with wᵀ: a dense copy per call
+        # the backward's products with wᵀ (no epilogue) on the kernel that takes them, others on
+        # a dense copy per call
+        plain = bias is None and row_scale is None and activation is None
+        if transpose_rhs and not (plain and gmm_quant_t.supports(rhs, lhs.dtype)):
             rhs = rhs.dequantize(lhs.dtype)
         else:
             weight_format = rhs.fmt

@@ -7,7 +7,9 @@ full bandwidth (at T = 1, 4 experts x 45 column tiles would leave SMs idle). A g
 `quant.QuantizedWeight` runs `kernels.gmm_quant` with the entry of its stored element type
 (float8_e4m3fn, float4_e2m1fn), else the bf16 ("*") entry of its shape; with `fp8_activations`
 its activations are quantised here, per row and 128 values of K (`quant.quantize_rows`), for
-gmm_quant's FP8 products.
+gmm_quant's FP8 products. Its transposed products (the backward's) run `kernels.gmm_quant_t` with
+the "gmm_t" entry of the element type, whose block_n spreads no narrower than 128 columns: the
+stored [N, K] rows are the output's columns there, 128 bytes of fp8 a contiguous run.
 """
 
 import dataclasses
@@ -20,6 +22,7 @@ from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.glu_bwd import glu_backward
 from moe_pallas.kernels.gmm import gmm as _gmm
 from moe_pallas.kernels.gmm_quant import gmm_quant as _gmm_quant
+from moe_pallas.kernels.gmm_quant_t import gmm_quant_t as _gmm_quant_t
 from moe_pallas.kernels.tgmm import tgmm as _tgmm
 
 PROGRAMS_PER_SM = 4  # (row tile, column tile) pairs per SM that keep every SM streaming weights
@@ -35,15 +38,18 @@ def spread_block_n(
     return block_n
 
 
-def min_block_n(kernel: str, activation: str | None = None) -> int:
+def min_block_n(kernel: str, activation: str | None = None, dtype=None) -> int:
     """The narrowest block_n `config` spreads to: a tile's rows of weights stay at least 64
     columns (128 bf16 bytes) contiguous, as narrower tiles streamed the weights slower on the
     H200 in spite of more programs. gpt-oss's GLU reads its gate and up columns interleaved,
     2·block_n contiguous; SwiGLU's reads two blocks of block_n. gmm_t reads rows of the weights'
-    K dimension, contiguous at any block_n."""
+    K dimension, contiguous at any block_n, but on fp8 weights (`kernels.gmm_quant_t`) the
+    stored [N, K] rows run across the tile's columns: 128 of them for 128 bytes."""
     if kernel == "gmm_glu":
         return 32 if activation == "gptoss" else 64
-    return 32 if kernel == "gmm_t" else 64
+    if kernel == "gmm_t":
+        return 128 if dtype is not None and jnp.dtype(dtype) == jnp.float8_e4m3fn else 32
+    return 64
 
 
 def config(
@@ -58,7 +64,7 @@ def config(
     if kernel != "tgmm":
         programs = PROGRAMS_PER_SM * tuning.policy_sms()
         block_n = spread_block_n(
-            cfg.block_n, n, num_rows, num_groups, min_block_n(kernel, activation), programs
+            cfg.block_n, n, num_rows, num_groups, min_block_n(kernel, activation, dtype), programs
         )
         cfg = dataclasses.replace(cfg, block_n=block_n)
     return cfg
@@ -87,7 +93,16 @@ def gmm(
         n_dim // 2 if activation else n_dim,
         activation,
     )
-    if quant.is_quantized(rhs):  # (transposed ones arrive dequantised: backends.gmm)
+    if quant.is_quantized(rhs) and transpose_rhs:  # (`gmm_quant_t.supports`: backends.gmm)
+        return _gmm_quant_t(
+            lhs,
+            rhs,
+            group_sizes,
+            lhs_row_index=lhs_row_index,
+            out_dtype=out_dtype,
+            config=cfg,
+        )
+    if quant.is_quantized(rhs):
         lhs_scales = None
         if rhs.fp8_activations:  # e4m3 rows for the FP8 tensor cores
             out_dtype = out_dtype or lhs.dtype

@@ -57,7 +57,7 @@ float32 partial sum, so the result equals the float32-accumulated product with t
 decoded weights up to float32 summation order (fp8_block's folded tiles: up to the two float16
 roundings a weight).
 fp8 weights multiply in float16, where e4m3 decodes in one hardware conversion per two values
-(`_e4m3_f16`); a bf16 lhs enters as float16 with a power of two per row (`_f16_rows`: bf16's 8
+(`e4m3_f16`); a bf16 lhs enters as float16 with a power of two per row (`rows_as_f16`: bf16's 8
 significant bits fit float16's 11, the power keeps each row in float16's range), restored on the
 float32 accumulator before the bias, so the products are bf16's own but for terms under 2^-28 of
 a row's largest.
@@ -65,7 +65,7 @@ a row's largest.
 Tiling. As `kernels.gmm`: a 1-D grid of (visit, n-tile) pairs over `dispatch.tile_schedule`'s
 visits, the in-kernel row gather, one compiled path per tile height (`BlockConfig.m_paths`), K
 and N tails masked. No `tail_m` second dot and no transposed weights: the backward's products
-with wᵀ dequantise per call (`moe_pallas.backends`). With `BlockConfig.weights_first`, paths of
+with wᵀ are `kernels.gmm_quant_t`'s. With `BlockConfig.weights_first`, paths of
 WEIGHTS_FIRST_MIN_ROWS rows or more compute accᵀ[n, m] = Σ_k w[k, n] x[m, k] and transpose
 the accumulator once before the epilogue: the decoded weights are then wgmma's A operand, which
 Triton keeps in registers (the decode, scale factors included, runs in the operand's layout),
@@ -171,7 +171,7 @@ def _load(ref, mask):
 # fp8 weights multiply in float16: e4m3 -> f16 is exact and one hardware conversion (cvt e4m3x2
 # -> f16x2, on the conversion pipe) per two values, where e4m3 -> bf16 costs a second conversion
 # per value (f16 -> bf16), or, by bit placement, 3.25 integer and bf16x2 instructions a value.
-def _e4m3_f16(q):
+def e4m3_f16(q):
     """uint8 [r, n] of e4m3 codes -> their values as float16 (exact; NaN codes NaN)."""
     return jax.lax.bitcast_convert_type(q, jnp.float8_e4m3fn).astype(jnp.float16)
 
@@ -210,7 +210,7 @@ def _e4m3_pair_f16(pairs, half: str):
     r, n = pairs.shape
     pair = pairs.reshape(r, n // 2, 2)[:, :, int(half == "high")]
     q = jnp.stack([pair & 0xFF, pair >> 8], axis=-1).reshape(r, n).astype(jnp.uint8)
-    return _e4m3_f16(q)
+    return e4m3_f16(q)
 
 
 def _word_x_order(lhs):
@@ -220,7 +220,7 @@ def _word_x_order(lhs):
     return lhs.reshape(m, k // 4, 2, 2).transpose(0, 2, 1, 3).reshape(m, k)
 
 
-def _f16_rows(lhs):
+def rows_as_f16(lhs):
     """bf16 lhs [M, K] as float16 lhs16 and a float32 power of two per row, lhs = lhs16 · p:
     p = 2^(e − 15) with e the exponent of the row's largest magnitude (frexp: |x| < 2^e), so the
     row's values lie below 2^15 (float16's largest is 65504) and keep bf16's 8 significant bits in
@@ -544,7 +544,7 @@ def _kernel(
                     ]
                 else:
                     q = load_values(c0, width, valid, offset, bk, mask)
-                    terms = [(xs[0], _e4m3_f16(q).astype(compute_dtype))]
+                    terms = [(xs[0], e4m3_f16(q).astype(compute_dtype))]
                 if fmt == "fp8_block":
                     block_scales = block_scale_row(k0, c0, width, valid)
                     if h < FOLD_MIN_ROWS:  # the step's partial dot scaled in float32
@@ -617,7 +617,7 @@ def _kernel(
         if swapped:
             accs = tuple(acc.T for acc in accs)
 
-        if f16_rows:  # lhs = lhs16 · p per lhs row (`_f16_rows`), exact in float32
+        if f16_rows:  # lhs = lhs16 · p per lhs row (`rows_as_f16`), exact in float32
             p_rows = _load(
                 lhs_scale_ref.at[src] if gather else lhs_scale_ref.at[pl.ds(m0, h)], row_ok
             )
@@ -776,7 +776,7 @@ def gmm_quant(
     f16_rows = fmt != "mxfp4" and lhs.dtype == jnp.bfloat16  # (Math: fp8 in float16)
     lhs_scale = lhs_scales.astype(jnp.float32) if fp8_lhs else None
     if f16_rows:
-        lhs, lhs_scale = _f16_rows(lhs)
+        lhs, lhs_scale = rows_as_f16(lhs)
     if paired:  # the two halves of each word's columns (module docstring, Offsets)
         lhs = _word_x_order(lhs)
     # fp8_block with a tile path of FOLD_MIN_ROWS rows: the scales normalised per column (Math:

@@ -727,6 +727,7 @@ def test_sass_captures_the_kernels_triton_module(weights, activation, fp8_activa
         large_scales=False,
         weights_first=False,
         fp8_activations=fp8_activations,
+        transposed=False,
     )
     ttir = sass.triton_module(args)
     assert ttir.startswith("module") and ttir.count("tt.dot") >= (2 if activation else 1)
@@ -736,6 +737,33 @@ def test_sass_captures_the_kernels_triton_module(weights, activation, fp8_activa
     # fp8 on a 16-row tile: byte pairs, e4m3 -> f16 by the hardware in the PTX
     assert ("cvt.rn.f16x2.e4m3x2" in ttir) == (weights == "fp8")
     assert ("mul.rn.bf16x2 $0, t, $2;" in ttir) == (weights == "mxfp4")  # one scale multiply
+
+
+@pytest.mark.parametrize("weights", ["bf16", "fp8_block"])
+def test_sass_captures_the_transposed_product(weights):
+    """benchmarks.sass --transposed: the backward's product with wᵀ, bf16's through gmm's
+    transpose_rhs and the stored formats' through gmm_quant_t (fp8 values read as byte pairs)."""
+    from benchmarks import sass
+
+    args = argparse.Namespace(
+        weights=weights,
+        rows=16,
+        block_n=64,
+        block_k=128,
+        warps=4,
+        stages=3,
+        k=256,
+        n=128,
+        experts=4,
+        activation=None,
+        large_scales=False,
+        weights_first=False,
+        fp8_activations=False,
+        transposed=True,
+    )
+    ttir = sass.triton_module(args)
+    assert ttir.count("tt.dot") == 1
+    assert ("xi16" in ttir) == (weights != "bf16")  # the uint16 byte pairs (signless in TTIR)
 
 
 def test_trace_report_splits_each_case_against_the_line():
