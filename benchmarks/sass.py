@@ -7,7 +7,7 @@
 
 The gmm (row scale, plain or with a GLU epilogue; `kernels.gmm` for bf16 weights,
 `kernels.gmm_quant` for the stored formats; with --transposed the backward's product with wᵀ,
-`kernels.gmm_quant_t` for fp8 and fp8_block) at one tile config is lowered for an abstract H200
+`kernels.gmm_quant_t` for the stored formats) at one tile config is lowered for an abstract H200
 (`jax.sharding.use_abstract_mesh`, as `tests/test_lowering.py`), its Triton module captured from
 Pallas's lowering, compiled by
 upstream Triton (`pip install triton==3.6.0`, the GPU image's) for sm_90, and disassembled by the
@@ -128,6 +128,7 @@ def triton_module(args) -> str:
             w = sds((e, k, n), jnp.bfloat16)
         else:
             stored = quant.quantize_weight(jnp.zeros((1, k, n), jnp.bfloat16), args.weights)
+            stored = dataclasses.replace(stored, small_scales=not args.large_scales)
             w = jax.tree.map(lambda a: sds((e, *a.shape[1:]), a.dtype), stored)
             fn = lambda lhs, sizes, w, scale: gmm_quant_t(lhs, w, sizes, config=cfg)
     elif args.weights == "bf16":
@@ -254,15 +255,13 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--transposed",
         action="store_true",
-        help="the backward's product with wᵀ (gmm_t; fp8/fp8_block: kernels.gmm_quant_t): rows "
+        help="the backward's product with wᵀ (gmm_t; stored formats: kernels.gmm_quant_t): rows "
         "of N, output columns of K, block-n tiling K and block-k the N contraction",
     )
     parser.add_argument("--keep", type=Path, help="write the IR, PTX, cubin and SASS here")
     args = parser.parse_args(argv)
-    if args.transposed and (
-        args.activation or args.fp8_activations or args.weights_first or args.weights == "mxfp4"
-    ):
-        parser.error("--transposed takes bf16, fp8 or fp8_block weights, no GLU or fp8 options")
+    if args.transposed and (args.activation or args.fp8_activations or args.weights_first):
+        parser.error("--transposed takes no GLU, --fp8-activations or --weights-first")
     keep = args.keep or Path(tempfile.mkdtemp(prefix="moe_pallas_sass_"))
     sass, resources = compile_sass(triton_module(args), args.warps, args.stages, keep)
     counts = loop_mix(sass)

@@ -43,8 +43,8 @@ tensor cores (unit roundoff 2^-11): about 1e-3; gpt-oss gradients of x and w_gat
 ±7 (docs/reliability.md). On CPU (interpret mode) float32 is exact float32 arithmetic.
 
 Quantised weights (`moe_pallas.quant.QuantizedWeight`): the forward's gmm calls stream them as
-stored; the backward's products with wᵀ (g and dx) stream fp8 ones as stored too
-(`kernels.gmm_quant_t`) and dequantise the others per call (`moe_pallas.backends`);
+stored, and so do the backward's products with wᵀ (g and dx; `kernels.gmm_quant_t`, where it
+takes them, else dequantised per call: `moe_pallas.backends`);
 their weight gradients are None (asking for them is refused at the API, `quant.guard_gradients`)
 and the bias gradients are per-expert segment sums of dy and dh.
 """

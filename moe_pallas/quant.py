@@ -34,9 +34,8 @@ w[e, k, n]:
 `dtype` is the weight's logical dtype (what `dequantize_experts` returns and what it must match
 in `moe_experts`, x's dtype); `astype` changes only it. The stored values never become a bf16
 copy on the device in the Pallas forward (`moe_pallas.kernels.gmm_quant` converts them on chip),
-nor in the backward's products with wᵀ on "fp8" and block-scaled "fp8_block" weights
-(`kernels.gmm_quant_t`); the xla backend and the other transposed products (mxfp4's, per-column
-fp8_block's) dequantise per call.
+nor in the backward's products with wᵀ (`kernels.gmm_quant_t`); the xla backend, and those
+products with per-column fp8_block scales or float32 activations, dequantise per call.
 
 Quantisation rules (`quantize_experts`): "fp8" scales = per-channel absmax / 448 (e4m3's largest
 finite value), "fp8_block" = per 128 x 128 block absmax / 448, values rounded to nearest even;

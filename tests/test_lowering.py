@@ -289,18 +289,21 @@ def test_quantised_gmm_lowers_to_triton(fmt, small_scales, config):
     assert triton_calls(lower_for_h200(glu_gmm, *args)) == 1
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "fp8_block"])
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_block", "mxfp4"])
 @pytest.mark.parametrize("tokens", [16, 4096])
 def test_quantised_transposed_gmm_lowers_to_triton(fmt, tokens):
-    """The backward's product with wᵀ on fp8 weights as stored (`kernels.gmm_quant_t`, through the
-    pallas_triton backend and its table entries) at SwiGLU-256's gate_up, whose values of 2^32
-    bytes it reads as byte pairs: one Triton call and no dense weight."""
+    """The backward's product with wᵀ on the weights as stored (`kernels.gmm_quant_t`, through the
+    pallas_triton backend and its table entries) at SwiGLU-256's gate_up, whose fp8 values of
+    2^32 bytes it reads as byte pairs: one Triton call and no dense weight."""
     from moe_pallas import backends, quant
 
     hidden, inter, experts, top_k, _ = WORKLOADS["swiglu"]
     k, n = hidden, 2 * inter
     values = SDS((experts, n, k), jnp.float8_e4m3fn)
     scales = SDS((experts, n) if fmt == "fp8" else (experts, k // 128, n // 128), jnp.float32)
+    if fmt == "mxfp4":
+        values = SDS((experts, n, k // 2), jnp.uint8)
+        scales = SDS((experts, k // 32, n), jnp.uint8)
 
     def dx(dh, values, scales, sizes):
         w = quant.QuantizedWeight(values, scales, fmt, jnp.bfloat16)

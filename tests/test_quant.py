@@ -439,31 +439,36 @@ def test_ragged_dot_quantised_and_errors():
         moe_pallas.quantize_experts({"w_down": w}, "int4")
 
 
-@pytest.mark.parametrize("fmt,bound", [("fp8", 1e-3), ("fp8_block", 1e-5)])
+@pytest.mark.parametrize("fmt,bound", [("fp8", 1e-3), ("fp8_block", 1e-5), ("mxfp4", 1e-5)])
 def test_transposed_products_on_the_stored_weights(fmt, bound):
-    """gmm_quant_t, the backward's lhs @ wᵀ on fp8 weights as stored, against the float64 product
+    """gmm_quant_t, the backward's lhs @ wᵀ on the weights as stored, against the float64 product
     with the exactly decoded weights (float32 out: fp8 rounds lhs · s to float16, 2^-11;
-    fp8_block's bf16 lhs is exact in float16): contraction and column tails (N = 200 and K = 136
-    against 64-wide blocks), an empty group, a one-row group, 16- and 32-row paths, a gathered
-    lhs, and rows past the groups written as zeros (interpret mode pre-fills NaN). Then the
-    gradient of ragged_dot runs it (no dense weight in the jaxpr), and what it does not take
-    ("mxfp4", per-column fp8_block scales, float32 lhs, odd K) is refused by name."""
+    fp8_block's bf16 lhs is exact in float16, mxfp4's decode exact in bf16): contraction and
+    column tails (N = 200 against 64-deep steps; K = 136, mxfp4's 320, against 128-column tiles,
+    mxfp4's 64 bytes of each half), an empty group, a one-row group, 16- and 32-row paths, a
+    gathered lhs, and rows past the groups written as zeros (interpret mode pre-fills NaN);
+    mxfp4 with one and with two scale multiplies, bit for bit. Then the gradient of ragged_dot
+    runs it (no dense weight in the jaxpr), and what it does not take (per-column fp8_block
+    scales, float32 lhs, fp8 at odd K, mxfp4 with float16 lhs) is refused by name."""
     rng = np.random.default_rng()
-    e, k, n = 4, 136, 200
+    e, k, n = 4, 320 if fmt == "mxfp4" else 136, 200
     qw = quant.quantize_weight(jnp.asarray(rng.standard_normal((e, k, n)), jnp.bfloat16), fmt)
+    qw = quant.with_scale_bound(qw)
+    assert qw.small_scales == (fmt == "mxfp4")
     sizes = [21, 0, 1, 40]
     rows = sum(sizes) + 5
     src = rng.integers(0, 30, rows)
     lhs = jnp.asarray(rng.standard_normal((30, n)), jnp.bfloat16)
-    cfg = BlockConfig(block_m=32, block_n=64, block_k=64, min_block_m=16)
-    got = gmm_quant_t(
+    cfg = BlockConfig(block_m=32, block_n=128, block_k=64, min_block_m=16)
+    run = lambda w: gmm_quant_t(
         lhs,
-        qw,
+        w,
         jnp.array(sizes, jnp.int32),
         lhs_row_index=jnp.asarray(src, jnp.int32),
         out_dtype=jnp.float32,
         config=cfg,
     )
+    got = run(qw)
     dense = np.asarray(qw.dequantize(jnp.float32), np.float64)
     want, start = np.zeros((rows, k)), 0
     for g, size in enumerate(sizes):
@@ -473,6 +478,8 @@ def test_transposed_products_on_the_stored_weights(fmt, bound):
     assert got.shape == (rows, k) and np.isfinite(got).all()
     np.testing.assert_array_equal(got[start:], 0)
     assert rel_err(got, want) < bound
+    if fmt == "mxfp4":
+        np.testing.assert_array_equal(run(dataclasses.replace(qw, small_scales=False)), got)
 
     x = jnp.asarray(rng.standard_normal((9, k)), jnp.bfloat16)
     dot_sizes = jnp.array([4, 0, 5, 0], jnp.int32)
@@ -488,10 +495,12 @@ def test_transposed_products_on_the_stored_weights(fmt, bound):
     w = jnp.zeros((2, 128, 272), jnp.bfloat16)
     assert supports(quant.quantize_weight(w, fmt), jnp.bfloat16)
     assert not supports(quant.quantize_weight(w, fmt), jnp.float32)
-    assert not supports(quant.quantize_weight(w, "mxfp4"), jnp.bfloat16)
-    assert not supports(quant.quantize_weight(w[:, :127], fmt), jnp.bfloat16)
+    assert supports(quant.quantize_weight(w, "fp8"), jnp.float16)
+    assert not supports(quant.quantize_weight(w, "mxfp4"), jnp.float16)
+    assert not supports(quant.quantize_weight(w[:, :127], "fp8"), jnp.bfloat16)
+    fp8_values = jnp.zeros((e, n, k), jnp.float8_e4m3fn)
     per_column = quant.QuantizedWeight(
-        qw.values, jnp.ones((e, 2, n), jnp.float32), "fp8_block", jnp.bfloat16
+        fp8_values, jnp.ones((e, 2, n), jnp.float32), "fp8_block", jnp.bfloat16
     )
     assert not supports(per_column, jnp.bfloat16)
     with pytest.raises(ValueError, match="Dequantise the weight"):
@@ -634,7 +643,7 @@ def test_e2m1_ptx_decodes_packed_codes(quarter, scale):
     codes = codes[:, int(quarter.endswith("23"))].reshape(-1)
     want = e2m1_oracle(codes) * 2.0 ** (scale - 127)
     for small in (False, True) if scale <= quant.MX_SMALL_CODE else (False,):
-        factors = gmm_quant_module._e8m0_factors(jnp.asarray([scale], jnp.uint8), small)
+        factors = gmm_quant_module.e8m0_factors(jnp.asarray([scale], jnp.uint8), small)
         assert len(factors) == (1 if small else 2)
         bf16x2 = [int(np.asarray(f).view(np.uint16)[0]) * 0x10001 for f in factors]
         ptx = gmm_quant_module.E2M1_PTX[quarter, len(factors)]
@@ -643,7 +652,7 @@ def test_e2m1_ptx_decodes_packed_codes(quarter, scale):
         np.testing.assert_array_equal(np.signbit(got.view(jnp.bfloat16)), codes >= 8)
         if scale >= 2:  # 0.5 · 2^(scale - 127) is a normal number (XLA on CPU flushes those)
             pairs = jnp.asarray(packed.view(np.uint16))[None]
-            interpreted = gmm_quant_module._e2m1(pairs, quarter, factors)[0]
+            interpreted = gmm_quant_module.e2m1(pairs, quarter, factors)[0]
             np.testing.assert_array_equal(np.asarray(interpreted).view(np.uint16), got)
 
 
@@ -672,7 +681,7 @@ def test_e8m0_factors_of_every_code(small):
     of two of product 2^(c - 1), which times the decode's e2m1 · 2^-126 is the scale
     2^(c - 127): two for all 256 codes, or one for the codes up to MX_SMALL_CODE (128)."""
     codes = np.arange(quant.MX_SMALL_CODE + 1 if small else 256)
-    factors = gmm_quant_module._e8m0_factors(jnp.asarray(codes, jnp.uint8), small)
+    factors = gmm_quant_module.e8m0_factors(jnp.asarray(codes, jnp.uint8), small)
     assert len(factors) == (1 if small else 2)
     factors = [np.asarray(f).astype(np.float64) for f in factors]
     for f in factors:
@@ -774,7 +783,8 @@ def test_swiglu256_sized_quantised_weights(fmt):
     element offsets (read as byte pairs along K), mxfp4's [256, 4096, 2048] are 2^31 (int32
     offsets, just). Random stored bytes (no dense weight is quantised: its float32 temporaries would be
     tens of GiB); rows of the first and the last experts (offsets near 0 and near the end)
-    against float64 products with each hit expert's exactly decoded weight."""
+    against float64 products with each hit expert's exactly decoded weight, the forward's gmm
+    and the backward's product with wᵀ."""
     e, h, n = 256, 4096, 4096
     keys = jax.random.split(jax.random.key(0), 3)
     if fmt == "fp8":  # bit 0 cleared: no NaN codes (0x7F, 0xFF)
@@ -791,9 +801,8 @@ def test_swiglu256_sized_quantised_weights(fmt):
     sizes[experts] = [3, 1, 2, 5, 2, 1, 4]
     x = jax.random.normal(keys[2], (int(sizes.sum()), h), jnp.bfloat16)
     out = np.asarray(gmm_quant(x, w, jnp.asarray(sizes, jnp.int32), activation="swiglu"))
-    if fmt == "fp8":
-        dh = jax.random.normal(keys[2], (int(sizes.sum()), n), jnp.bfloat16)
-        out_t = np.asarray(gmm_quant_t(dh, w, jnp.asarray(sizes, jnp.int32)))
+    dh = jax.random.normal(keys[2], (int(sizes.sum()), n), jnp.bfloat16)
+    out_t = np.asarray(gmm_quant_t(dh, w, jnp.asarray(sizes, jnp.int32)))
     bounds = np.cumsum([0, *sizes])
     for g in experts:
         one = quant.QuantizedWeight(values[g : g + 1], scales[g : g + 1], fmt, jnp.bfloat16)
@@ -803,15 +812,15 @@ def test_swiglu256_sized_quantised_weights(fmt):
             x[rows], one.dequantize(jnp.float32), [sizes[g]], zero_bias, "swiglu", unit_scale
         )
         assert rel_err(out[rows], want) < 5e-3, g
-        if fmt == "fp8":  # the backward's product with wᵀ (`kernels.gmm_quant_t`), byte pairs too
-            dense = np.asarray(one.dequantize(jnp.float32), np.float64)[0]
-            want_t = np.asarray(dh[rows], np.float64) @ dense.T
-            assert rel_err(out_t[rows], want_t) < 5e-3, g
+        # the backward's product with wᵀ (`kernels.gmm_quant_t`), on byte pairs too
+        dense = np.asarray(one.dequantize(jnp.float32), np.float64)[0]
+        want_t = np.asarray(dh[rows], np.float64) @ dense.T
+        assert rel_err(out_t[rows], want_t) < 5e-3, g
 
 
 @FULL_SHAPES
 @pytest.mark.gpu
-@pytest.mark.parametrize("fmt", ["fp8", "fp8_block"])
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_block", "mxfp4"])
 def test_gptoss_sized_quantised_gradients(fmt):
     """Gradients of x and the routing weights through gpt-oss's full-size experts as stored ("auto"
     on the GPU: the backward's products with wᵀ on `kernels.gmm_quant_t`, no dense weight) against

@@ -30,8 +30,9 @@ Quantised weights (`moe_pallas.quant`): a gmm whose rhs is a `QuantizedWeight` c
 converted on chip), Mosaic GPU does not support it, so "auto" and "mosaic_gpu" give it to
 "pallas_triton" on a GPU; "xla" (and so "auto" off GPU) materialises the dense weight per call.
 Products with a transposed quantised weight (the backward's dx and the GLU's input gradient) run
-`kernels.gmm_quant_t` on "pallas_triton" where it takes them ("fp8", "fp8_block" with block
-scales), and are dequantised per call otherwise ("mxfp4", and every call on "xla").
+`kernels.gmm_quant_t` on "pallas_triton" where it takes them (every format, but fp8_block's
+per-column scales and float32 lhs), and are dequantised per call otherwise (and every call on
+"xla").
 `ragged_dot`, `tgmm`, the fused expert block and the expert-parallel path all call `gmm`, `tgmm`
 and `block_ops` below, so one policy decides for all of them.
 

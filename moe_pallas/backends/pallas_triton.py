@@ -8,8 +8,8 @@ full bandwidth (at T = 1, 4 experts x 45 column tiles would leave SMs idle). A g
 (float8_e4m3fn, float4_e2m1fn), else the bf16 ("*") entry of its shape; with `fp8_activations`
 its activations are quantised here, per row and 128 values of K (`quant.quantize_rows`), for
 gmm_quant's FP8 products. Its transposed products (the backward's) run `kernels.gmm_quant_t` with
-the "gmm_t" entry of the element type, whose block_n spreads no narrower than 128 columns: the
-stored [N, K] rows are the output's columns there, 128 bytes of fp8 a contiguous run.
+the "gmm_t" entry of the element type, whose block_n spreads no narrower than 128 bytes of a
+stored [N, K] row (`min_block_n`): the rows run along the output's columns there.
 """
 
 import dataclasses
@@ -43,12 +43,14 @@ def min_block_n(kernel: str, activation: str | None = None, dtype=None) -> int:
     columns (128 bf16 bytes) contiguous, as narrower tiles streamed the weights slower on the
     H200 in spite of more programs. gpt-oss's GLU reads its gate and up columns interleaved,
     2·block_n contiguous; SwiGLU's reads two blocks of block_n. gmm_t reads rows of the weights'
-    K dimension, contiguous at any block_n, but on fp8 weights (`kernels.gmm_quant_t`) the
-    stored [N, K] rows run across the tile's columns: 128 of them for 128 bytes."""
+    K dimension, contiguous at any block_n, but on quantised weights (`kernels.gmm_quant_t`)
+    the stored [N, K] rows run across the tile's columns: 128 bytes are 128 fp8 columns, 256
+    mxfp4 ones."""
     if kernel == "gmm_glu":
         return 32 if activation == "gptoss" else 64
     if kernel == "gmm_t":
-        return 128 if dtype is not None and jnp.dtype(dtype) == jnp.float8_e4m3fn else 32
+        stored = {jnp.dtype(jnp.float8_e4m3fn): 128, jnp.dtype(jnp.float4_e2m1fn): 256}
+        return stored.get(None if dtype is None else jnp.dtype(dtype), 32)
     return 64
 
 

@@ -27,7 +27,7 @@ Each format puts its scale where it costs least:
     k = r0..r0+31 (the low half's codes) and k = K/2 + r0.. (the high half's), 8 codes to a
     32-bit word (`mx_words.MX_WORD_BITS`); read as uint16 byte pairs, each word decodes to bf16
     by bit placement in four quarters of 2 values, each scaled in bf16 by its half's power of
-    two per column, exactly (`_e2m1`: inline PTX on the GPU, 17 integer or bf16x2 instructions
+    two per column, exactly (`e2m1`: inline PTX on the GPU, 17 integer or bf16x2 instructions
     per word of 8 values, 21 where a scale code passes 128), each quarter a 16-deep dot against
     its 16 columns of x (x's columns reordered once per call, `_mx_x_order`):
     acc += dot(x[:, k_lo], lo · 2^(s_lo − 127)) + dot(x[:, k_hi], hi · 2^(s_hi − 127)).
@@ -52,7 +52,7 @@ fp8_block 146, against 120 and 135 without; 169 with x's bytes converted in the 
 GLU entry 16 x 2·32 x 256 251 against 210).
 The result is the float32 product of the quantised operands, up to the tensor core's summation
 within a step (docs/reliability.md).
-Every other scale product is exact (mxfp4's in bf16, `_e2m1`) or one float32 multiply of a
+Every other scale product is exact (mxfp4's in bf16, `e2m1`) or one float32 multiply of a
 float32 partial sum, so the result equals the float32-accumulated product with the exactly
 decoded weights up to float32 summation order (fp8_block's folded tiles: up to the two float16
 roundings a weight).
@@ -89,7 +89,7 @@ Values are stored N-major ([E, N, K], mxfp4
 the dot as its transposed second operand, so the 16-row tensor-core fragment reads 4 bytes of K
 per shared-memory load where a [K, N] layout read each byte alone. fp8 is loaded as bytes (a masked
 fp8 load's fill value does not lower in Triton 3.6) and bitcast in registers; e2m1 decodes by bit
-placement (`_e2m1`) on the integer and bf16x2 pipes (sm_90 has no e2m1 conversion instruction).
+placement (`e2m1`) on the integer and bf16x2 pipes (sm_90 has no e2m1 conversion instruction).
 
 Offsets. Pallas addresses an array in int32 element offsets unless it spans more than 2^32
 bytes, so a byte array of more than 2^31 elements, up to 2^32 (fp8 SwiGLU-256 gate_up,
@@ -262,7 +262,7 @@ def _column_powers(scales):
 # SASS of the 16 x 64 x 128 K loop 399 -> 343 instructions a thread).
 # The e8m0 scale 2^(s - 127) of the value's sub-block and column then enters as one bf16x2
 # multiply by 2^(s - 1) where every code is at most 128 (`QuantizedWeight.small_scales`, as in
-# gpt-oss's checkpoints: 13 + 4 instructions a word), else two (`_e8m0_factors`),
+# gpt-oss's checkpoints: 13 + 4 instructions a word), else two (`e8m0_factors`),
 # 2^(min(s, 128) - 1) and 2^(max(s, 128) - 128), since 2^(s - 1) is past bf16's largest power
 # of two (2^127) for s > 128 (13 + 8; offline SASS of the K loop at K = N = 2880, one against
 # two: 16 x 128 x 128 gpt-oss GLU 426 / 525 instructions a thread, 16 x 256 x 128 GLU 748 / 937,
@@ -310,7 +310,7 @@ def _mx_x_order(lhs):
     return quads.transpose(0, 1, 3, 2, 4).reshape(m, k)
 
 
-def _e8m0_factors(codes, small: bool):
+def e8m0_factors(codes, small: bool):
     """e8m0 codes s [n] -> bf16 [n] factors whose product times the decode's e2m1 · 2^-126 is
     e2m1 · 2^(s - 127): small (every s at most 128), the one 2^(s - 1); else 2^(min(s, 128) - 1)
     and 2^(max(s, 128) - 128). Each by placing its exponent in bf16's exponent field (an add and
@@ -323,14 +323,14 @@ def _e8m0_factors(codes, small: bool):
     return bf16(jnp.minimum(c, 128) + 126), bf16(jnp.maximum(c, 128) - 1)
 
 
-def _e2m1(pairs, quarter: str, factors):
-    """Stored values as uint16 [r, n] byte pairs (n even: whole words) and a column's scale
-    factors (`_e8m0_factors`, one or two, each bf16 [r]) -> bf16 [r, n] e2m1 · 2^(s - 127),
-    exact: element 2i + d of quarter "lo01" is word i's code L(d), of "lo23" L(2 + d), "hi01"
-    H(d), "hi23" H(2 + d) (`mx_words.mxfp4_unpack`'s low and high halves)."""
+def e2m1(pairs, quarter: str, factors):
+    """Stored values as uint16 [r, n] byte pairs (n even: whole words) and their scale factors
+    (`e8m0_factors`, one or two, each bf16 [r]: a row's, or [r, n]: a pair's) -> bf16 [r, n]
+    e2m1 · 2^(s - 127), exact: element 2i + d of quarter "lo01" is word i's code L(d), of "lo23"
+    L(2 + d), "hi01" H(d), "hi23" H(2 + d) (`mx_words.mxfp4_unpack`'s low and high halves)."""
     r, n = pairs.shape
     if not _common.interpret_mode():
-        fs = [jnp.broadcast_to(f[:, None], (r, n)) for f in factors]
+        fs = [f if f.ndim == 2 else jnp.broadcast_to(f[:, None], (r, n)) for f in factors]
         ptx = E2M1_PTX[quarter, len(factors)]
         return _inline_asm(ptx, [pairs, *fs], "=r" + ",r" * (1 + len(fs)), 2, jnp.bfloat16)
     # The same value without bf16's subnormal (XLA on CPU flushes it): magnitude codes m >= 2 are
@@ -342,7 +342,7 @@ def _e2m1(pairs, quarter: str, factors):
     mag = jnp.where(m >= 2, 0x3F00 + (m << 6), jnp.where(m == 1, 0x3F00, 0))
     bits = (mag | ((codes & 8) << 12)).astype(jnp.uint16)
     value = jax.lax.bitcast_convert_type(bits, jnp.bfloat16).astype(jnp.float32)
-    first, *rest = (f.astype(jnp.float32)[:, None] for f in factors)
+    first, *rest = (f.astype(jnp.float32).reshape(r, -1) for f in factors)
     value = value * (first * 2.0**-126)  # in float32's range
     return functools.reduce(jnp.multiply, rest, value).astype(jnp.bfloat16)
 
@@ -471,7 +471,7 @@ def _kernel(
             """Per column block, the scale factors of sub-block s_row's low and high halves."""
             return [
                 tuple(
-                    _e8m0_factors(
+                    e8m0_factors(
                         _load(scales_ref.at[g, row, pl.ds(c0, width)], col_mask(width, valid)),
                         small_scales,
                     )
@@ -494,7 +494,7 @@ def _kernel(
             for c, (c0, width, valid) in enumerate(blocks):
                 pairs = load_values(c0, width, valid, j * (MX_BLOCK // 2), MX_BLOCK // 2)
                 for a_q, q in zip(xs, MX_QUARTERS):
-                    w_q = _e2m1(pairs, q, scales[c][q.startswith("hi")]).astype(compute_dtype)
+                    w_q = e2m1(pairs, q, scales[c][q.startswith("hi")]).astype(compute_dtype)
                     new[c] = new[c] + dot(a_q, w_q)
             return tuple(new)
 
@@ -736,7 +736,7 @@ def gmm_quant(
     if fmt != "mxfp4":  # fp8 travels as bytes: a masked fp8 load's fill value does not lower
         values = jax.lax.bitcast_convert_type(values, jnp.uint8)
 
-    else:  # byte pairs and x's columns in the quarters' order (`_e2m1`)
+    else:  # byte pairs and x's columns in the quarters' order (`e2m1`)
         values, lhs = _byte_pairs(values), _mx_x_order(lhs)
     offsets = PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (Offsets)
     # (Tiling) weights first where a path can take it: wgmma's A holds 16 rows a warp, so each

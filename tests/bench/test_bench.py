@@ -739,10 +739,11 @@ def test_sass_captures_the_kernels_triton_module(weights, activation, fp8_activa
     assert ("mul.rn.bf16x2 $0, t, $2;" in ttir) == (weights == "mxfp4")  # one scale multiply
 
 
-@pytest.mark.parametrize("weights", ["bf16", "fp8_block"])
-def test_sass_captures_the_transposed_product(weights):
+@pytest.mark.parametrize("weights,dots", [("bf16", 1), ("fp8_block", 2), ("mxfp4", 4)])
+def test_sass_captures_the_transposed_product(weights, dots):
     """benchmarks.sass --transposed: the backward's product with wᵀ, bf16's through gmm's
-    transpose_rhs and the stored formats' through gmm_quant_t (fp8 values read as byte pairs)."""
+    transpose_rhs and the stored formats' through gmm_quant_t (values read as byte pairs; a dot
+    for fp8's low and one for its high bytes, one per quarter of mxfp4's words)."""
     from benchmarks import sass
 
     args = argparse.Namespace(
@@ -762,7 +763,7 @@ def test_sass_captures_the_transposed_product(weights):
         transposed=True,
     )
     ttir = sass.triton_module(args)
-    assert ttir.count("tt.dot") == 1
+    assert ttir.count("tt.dot") == dots
     assert ("xi16" in ttir) == (weights != "bf16")  # the uint16 byte pairs (signless in TTIR)
 
 
