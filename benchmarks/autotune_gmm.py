@@ -20,13 +20,16 @@ GPU the table is for; without --write the entries are printed only:
     python -m benchmarks.autotune_gmm --weights mxfp4 --kernels gmm gmm_glu
 
 With --weights fp8 or mxfp4 the expert weights are quantised (`quant.quantize_weight`) and the
-forward kernels (gmm, gmm_glu) run `kernels.gmm_quant`; the entries are keyed by the stored element
-type ("float8_e4m3fn", which fp8_block shares, or "float4_e2m1fn"). Their candidates are tiles that
+forward kernels (gmm, gmm_glu) run `kernels.gmm_quant`, the backward's products with wᵀ (gmm_t:
+dx through w_gate_up, the GLU's input gradient through w_down) `kernels.gmm_quant_t`; the entries
+are keyed by the stored element type ("float8_e4m3fn", which fp8_block shares, or
+"float4_e2m1fn"). Their candidates are tiles that
 compile for sm_90 without register spills in every format: the in-register decode raises register
 pressure (`python -m benchmarks.sass` counts the K loop's spills; the survey is in
 docs/decisions.md, Low-precision weights). The large class adds 128- and 256-row tiles
 (`QUANT_LARGE`); every tile of 64 rows or more is also tried with the weights first
-(`BlockConfig.weights_first`: accᵀ = w · xᵀ, the decoded weights wgmma's register operand).
+(`BlockConfig.weights_first`: accᵀ = w · xᵀ, the decoded weights wgmma's register operand),
+except gmm_t's (`QUANT_T`).
 """
 
 import argparse
@@ -45,6 +48,7 @@ from moe_pallas import dispatch, quant, tuning
 from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.gmm import gmm
 from moe_pallas.kernels.gmm_quant import gmm_quant
+from moe_pallas.kernels.gmm_quant_t import gmm_quant_t
 from moe_pallas.kernels.tgmm import tgmm
 
 C = BlockConfig
@@ -152,6 +156,27 @@ QUANT_LARGE = {
         C(128, 128, 64, 8, 8, 4),
     ],
 }
+# The backward's products with wᵀ on the stored weights (`kernels.gmm_quant_t`: block_n output
+# columns, block_k contraction rows a step; fp8_block clamps both to 128): tiles that compile
+# without spills in every format (`benchmarks.sass --transposed`, gpt-oss's dx shape: 64-212
+# registers, none spilled).
+QUANT_T = {
+    "tiny": [
+        C(16, 128, 128, 8, 4, 3),
+        C(16, 128, 128, 8, 4, 4),
+        C(16, 256, 128, 8, 4, 3),
+        C(16, 64, 128, 8, 4, 4),
+    ],
+    "small": [
+        C(128, 128, 64, 8, 8, 4),
+        C(128, 128, 64, 8, 8, 3),
+        C(128, 128, 64, 8, 8, 4, min_block_m=64),
+        C(64, 128, 64, 8, 4, 4),
+        C(64, 256, 64, 8, 8, 3),
+        C(128, 64, 64, 8, 4, 4),
+    ],
+}
+QUANT_T["large"] = QUANT_T["small"]
 QUANT_FORMATS = {"fp8": "float8_e4m3fn", "mxfp4": "float4_e2m1fn"}
 TGMM_CANDIDATES = [
     C(32, 128, 128, 1, 4, 4),
@@ -206,8 +231,10 @@ def _calls(kernel, cfg, p):
     gmm_glu through `kernels.gmm_quant` on quantised weights)."""
     bias_gu, bias_d = p.get("b_gate_up"), p.get("b_down")
     quantised = quant.is_quantized(p["w_down"])
-    if quantised and kernel not in ("gmm", "gmm_glu"):
-        raise ValueError(f"kernel {kernel!r} does not run on quantised weights (gmm, gmm_glu do).")
+    if quantised and kernel not in ("gmm", "gmm_glu", "gmm_t"):
+        raise ValueError(
+            f"kernel {kernel!r} does not run on quantised weights (gmm, gmm_glu, gmm_t do)."
+        )
     mm = gmm_quant if quantised else gmm
     if kernel == "gmm":
         return [
@@ -232,6 +259,19 @@ def _calls(kernel, cfg, p):
                 p["x"],
                 (p["w_gate_up"], p["sizes"], p["row_token"]),
             )
+        ]
+    if kernel == "gmm_t" and quantised:  # dx, and the GLU's input gradient through w_down
+        return [
+            (
+                lambda dh, w, s: gmm_quant_t(dh, w, s, config=cfg),
+                p["dh"],
+                (p["w_gate_up"], p["sizes"]),
+            ),
+            (
+                lambda dy, w, s, r: gmm_quant_t(dy, w, s, lhs_row_index=r, config=cfg),
+                p["x"],
+                (p["w_down"], p["sizes"], p["row_token"]),
+            ),
         ]
     if kernel == "gmm_t":
         return [
@@ -274,11 +314,13 @@ def _candidates(
     kernel, cls, around_table=False, device=None, path=tuning.TABLE_PATH, weights="bf16"
 ):
     if weights != "bf16":
-        if around_table or kernel not in QUANT_CANDIDATES[cls]:
+        if around_table or kernel not in (*QUANT_CANDIDATES[cls], "gmm_t"):
             raise ValueError(
-                "quantised weights are tuned for gmm and gmm_glu (--kernels gmm gmm_glu, without "
-                "--around-table)."
+                "quantised weights are tuned for gmm, gmm_glu and gmm_t (--kernels gmm gmm_glu "
+                "gmm_t, without --around-table)."
             )
+        if kernel == "gmm_t":
+            return QUANT_T[cls]
         extra = QUANT_LARGE[kernel] if cls == "large" else []
         tiles = [*QUANT_CANDIDATES[cls][kernel], *extra]
         # each wgmma tile also with the weights first (BlockConfig.weights_first)
@@ -424,7 +466,7 @@ def main(argv=None):
         "--weights",
         default="bf16",
         choices=["bf16", *QUANT_FORMATS],
-        help="expert weights: bf16, or quantised (gmm and gmm_glu)",
+        help="expert weights: bf16, or quantised (gmm, gmm_glu and gmm_t)",
     )
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
     parser.add_argument(

@@ -482,18 +482,18 @@ def test_autotune_writes_entries_that_the_table_looks_up(tmp_path):
 
 
 def test_autotune_quantised_weights_writes_entries_of_their_element_type(tmp_path):
-    """--weights fp8 times gmm_quant (interpret mode, tiny shapes) and writes float8_e4m3fn
-    entries that fp8 lookups return, leaving the bf16 ("*") and mxfp4 entries as they were; the
-    kernels without a quantised path are refused by name."""
+    """--weights fp8 times gmm_quant and gmm_quant_t (interpret mode, tiny shapes) and writes
+    float8_e4m3fn entries that fp8 lookups return, leaving the bf16 ("*") and mxfp4 entries as
+    they were; the kernels without a quantised path are refused by name."""
     from benchmarks import autotune_gmm
     from moe_pallas import tuning
 
     table = _table_copy(tmp_path)
     before = json.loads(table.read_text())["devices"]["NVIDIA H200"]["entries"]
     argv = ["--small", "--weights", "fp8", "--classes", "small", "--workloads", "gptoss"]
-    argv += ["--kernels", "gmm", "gmm_glu", "--write", "--table", str(table)]
+    argv += ["--kernels", "gmm", "gmm_glu", "gmm_t", "--write", "--table", str(table)]
     entries = autotune_gmm.main([*argv, "--device", "NVIDIA H200"])
-    assert sorted(e["kernel"] for e in entries) == ["gmm", "gmm_glu"]
+    assert sorted(e["kernel"] for e in entries) == ["gmm", "gmm_glu", "gmm_t"]
     after = json.loads(table.read_text())["devices"]["NVIDIA H200"]["entries"]
     for e in entries:
         assert e["dtype"] == "float8_e4m3fn" and e["rows"] == "small"
@@ -511,7 +511,7 @@ def test_autotune_quantised_weights_writes_entries_of_their_element_type(tmp_pat
     assert [e for e in before if e["dtype"] != "float8_e4m3fn"] == [
         e for e in after if e["dtype"] != "float8_e4m3fn"
     ]
-    with pytest.raises(ValueError, match="gmm and gmm_glu"):
+    with pytest.raises(ValueError, match="gmm, gmm_glu and gmm_t"):
         autotune_gmm._candidates("tgmm", "small", weights="mxfp4")
     with pytest.raises(ValueError, match="around-table"):
         autotune_gmm._candidates("gmm", "small", around_table=True, weights="fp8")
