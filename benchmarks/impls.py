@@ -263,15 +263,21 @@ def qarray_parts(w: quant.QuantizedWeight, scale_dtype) -> tuple[jax.Array, jax.
     return qvalue, scale.astype(scale_dtype)
 
 
+# tokamax's sm90 kernel converts the stored values to its scales' dtype, the activations' too,
+# and the H200 converts e4m3 to float16 only: its fp8 formats run on float16 activations.
+TOKAMAX_FP8_DTYPE = jnp.float16
+
+
 def _tokamax_quantized(fmt: str):
     """The tokamax glue with `fmt` weights handed to tokamax as qwix QArrays (`qarray_parts`,
-    converted outside the timing); the row's message gives our format's weight-read floor."""
+    converted outside the timing), for fp8 with x (and so the scales) in float16 inside the
+    layer (`TOKAMAX_FP8_DTYPE`); the row's message gives our format's weight-read floor."""
 
     def prepare(case: Case, inputs: dict) -> Prepared:
         qparams = _quantized_params(case, inputs, fmt)
         ragged_dot = _tokamax_ragged_dot()
         qwix = importlib.import_module("qwix")
-        dtype = inputs["x"].dtype
+        dtype = inputs["x"].dtype if fmt == "mxfp4" else TOKAMAX_FP8_DTYPE
         params = {
             name: qarray_parts(v, dtype) if quant.is_quantized(v) else v
             for name, v in qparams.items()
@@ -284,12 +290,15 @@ def _tokamax_quantized(fmt: str):
                 else v
                 for name, v in params.items()
             }
-            return _ragged_layer(
-                x, topk_idx, topk_weight, params, case.workload.activation, ragged_dot
+            out = _ragged_layer(
+                x.astype(dtype), topk_idx, topk_weight, params, case.workload.activation, ragged_dot
             )
+            return out.astype(x.dtype)
 
         prep = _jax_case(case, {**inputs, "params": params}, layer, ragged_dot)
         prep.note = _floor_note(case, inputs, qparams)
+        if dtype != inputs["x"].dtype:
+            prep.note += f"; x in {jnp.dtype(dtype).name} (tokamax's fp8 path on the H200)"
         return prep
 
     return prepare

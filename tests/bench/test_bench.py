@@ -214,7 +214,9 @@ def test_qarray_parts_decode_to_the_dequantised_weight(fmt):
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp4"])
 def test_tokamax_quantised_glue_on_cpu(fmt, monkeypatch):
     """The tokamax+FMT layer with stand-ins for tokamax and qwix (a QArray is dequantised and
-    multiplied by jax.lax.ragged_dot) equals the reference on the dequantised weights."""
+    multiplied by jax.lax.ragged_dot) equals the reference on the dequantised weights; fp8 hands
+    tokamax float16 activations and scales (its sm90 kernel converts e4m3 to the scales' dtype,
+    which the H200 does to float16 only), and its output is x's dtype again."""
     import types
 
     from moe_pallas import quant
@@ -231,6 +233,7 @@ def test_tokamax_quantised_glue_on_cpu(fmt, monkeypatch):
     def ragged_dot(lhs, rhs, group_sizes):
         assert isinstance(rhs, QArray)
         assert rhs.qtype == (jnp.float4_e2m1fn if fmt == "mxfp4" else jnp.float8_e4m3fn)
+        assert lhs.dtype == rhs.scale.dtype == (jnp.bfloat16 if fmt == "mxfp4" else jnp.float16)
         w = _qarray_decode(rhs.qvalue, rhs.scale).astype(lhs.dtype)
         return jax.lax.ragged_dot(lhs, w, group_sizes, preferred_element_type=jnp.float32)
 
@@ -245,7 +248,9 @@ def test_tokamax_quantised_glue_on_cpu(fmt, monkeypatch):
     )
     inputs = {"x": x, "topk_idx": topk_idx, "topk_weight": topk_weight, "params": params}
     prep = impls.IMPLS[f"tokamax+{fmt}"](case, inputs)
-    out = np.asarray(prep.output(prep.wait(prep.call())), np.float64)
+    out = prep.output(prep.wait(prep.call()))
+    assert out.dtype == jnp.bfloat16 and ("float16" in prep.note) == (fmt != "mxfp4")
+    out = np.asarray(out, np.float64)
     dense = quant.dequantize_experts(quant.quantize_experts(params, fmt), jnp.float32)
     ref = moe_experts_reference(
         x.astype(jnp.float32), topk_idx, topk_weight, dense, activation="gptoss"
