@@ -119,27 +119,25 @@ def triton_module(args) -> str:
     e, k, n, m = args.experts, args.k, args.n, args.experts * 2 * args.rows
     lhs, sizes, scale = sds((m, k), jnp.bfloat16), sds((e,), jnp.int32), sds((m,), jnp.float32)
     act = args.activation
+    if args.weights == "bf16":
+        w = sds((e, k, n), jnp.bfloat16)
+    else:  # the stored arrays' shapes, for E experts
+        stored = quant.quantize_weight(jnp.zeros((1, k, n), jnp.bfloat16), args.weights)
+        stored = dataclasses.replace(stored, small_scales=not args.large_scales)
+        w = jax.tree.map(lambda a: sds((e, *a.shape[1:]), a.dtype), stored)
     if args.transposed:  # the backward's lhs [M, N] @ wᵀ, w [E, K, N]: a K loop over N
         lhs = sds((m, n), jnp.bfloat16)
         if args.weights == "bf16":
             fn = lambda lhs, sizes, w, scale: gmm(
                 lhs, w, sizes, transpose_rhs=True, row_scale=scale, config=cfg
             )
-            w = sds((e, k, n), jnp.bfloat16)
         else:
-            stored = quant.quantize_weight(jnp.zeros((1, k, n), jnp.bfloat16), args.weights)
-            stored = dataclasses.replace(stored, small_scales=not args.large_scales)
-            w = jax.tree.map(lambda a: sds((e, *a.shape[1:]), a.dtype), stored)
             fn = lambda lhs, sizes, w, scale: gmm_quant_t(lhs, w, sizes, config=cfg)
     elif args.weights == "bf16":
         fn = lambda lhs, sizes, w, scale: gmm(
             lhs, w, sizes, row_scale=scale, activation=act, config=cfg
         )
-        w = sds((e, k, n), jnp.bfloat16)
     else:
-        stored = quant.quantize_weight(jnp.zeros((1, k, n), jnp.bfloat16), args.weights)
-        stored = dataclasses.replace(stored, small_scales=not args.large_scales)
-        w = jax.tree.map(lambda a: sds((e, *a.shape[1:]), a.dtype), stored)
 
         def fn(lhs, sizes, w, scale):
             lhs_scales = None

@@ -1,4 +1,5 @@
-"""What every kernel shares: the target device, int32 index limits, group ends, block sizes.
+"""What every kernel shares: the target device, int32 index limits, group ends, block sizes,
+the programs' swizzle.
 
 Kernels import this module, `moe_pallas.activations` and `moe_pallas.dispatch` (pure jnp math)
 and nothing else of the package, so the layers above (backends, ops, the layer) can change
@@ -7,6 +8,7 @@ without touching them.
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
 from moe_pallas import dispatch
 
@@ -28,6 +30,18 @@ def div(a, b):
 def rem(a, b):
     """`jax.lax.rem` of int32 index values (see `div`)."""
     return jax.lax.rem(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32))
+
+
+def swizzled_tile(num_visits: int, n_tiles, group_m: int):
+    """(visit, column tile) of this program of a 1-D grid over the num_visits x n_tiles pairs,
+    walked in bands of group_m visits down each column tile before moving right, so consecutive
+    programs reuse one column tile of an expert's weights from L2 (a band's visits are mostly
+    one group's when it has many rows)."""
+    pid = pl.program_id(0)
+    band = group_m * n_tiles
+    first_v = div(pid, band) * group_m
+    band_rows = jnp.minimum(num_visits - first_v, group_m)
+    return first_v + rem(rem(pid, band), band_rows), div(rem(pid, band), band_rows)
 
 
 def target_device():

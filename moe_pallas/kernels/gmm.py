@@ -77,14 +77,8 @@ def _gmm_kernel(
     out_ref = next(it)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
 
-    # Swizzle: walk group_m visits down each n-column before moving right.
-    n_tiles = pl.cdiv(n_out, bn)
-    pid = pl.program_id(0)
-    band = cfg.group_m * n_tiles
-    first_v = _common.div(pid, band) * cfg.group_m
-    band_rows = jnp.minimum(num_visits - first_v, cfg.group_m)
-    v = first_v + _common.rem(_common.rem(pid, band), band_rows)
-    n0 = _common.div(_common.rem(pid, band), band_rows) * bn
+    v, n_tile = _common.swizzled_tile(num_visits, pl.cdiv(n_out, bn), cfg.group_m)
+    n0 = n_tile * bn
 
     g = group_ref[v]
     m0 = m_start_ref[v]

@@ -382,13 +382,8 @@ def _kernel(
     bk = cfg.block_k
     unroll = bk // (2 * MX_BLOCK)  # mxfp4: 32-byte sub-blocks of K per loop step
 
-    n_tiles = pl.cdiv(n_out, bn)
-    pid = pl.program_id(0)
-    band = cfg.group_m * n_tiles
-    first_v = jax.lax.div(pid, band) * cfg.group_m
-    band_rows = jnp.minimum(num_visits - first_v, cfg.group_m)
-    v = first_v + jax.lax.rem(jax.lax.rem(pid, band), band_rows)
-    n0 = jax.lax.div(jax.lax.rem(pid, band), band_rows) * bn
+    v, n_tile = _common.swizzled_tile(num_visits, pl.cdiv(n_out, bn), cfg.group_m)
+    n0 = n_tile * bn
 
     g = group_ref[v]
     m0 = m_start_ref[v]

@@ -149,14 +149,7 @@ def _kernel(
     span_dim = o_dim // 2 if mx else o_dim  # the columns the tiles span
     half = bo // 2 if not mx else bo // 4  # uint16 pairs a tile row
 
-    # Swizzle: walk group_m visits down each column tile before moving right (`kernels.gmm`).
-    n_tiles = pl.cdiv(span_dim, width)
-    pid = pl.program_id(0)
-    band = cfg.group_m * n_tiles
-    first_v = _common.div(pid, band) * cfg.group_m
-    band_rows = jnp.minimum(num_visits - first_v, cfg.group_m)
-    v = first_v + _common.rem(_common.rem(pid, band), band_rows)
-    o_tile = _common.div(_common.rem(pid, band), band_rows)
+    v, o_tile = _common.swizzled_tile(num_visits, pl.cdiv(span_dim, width), cfg.group_m)
     o0, p0 = o_tile * width, o_tile * half  # (products, so Triton proves the pairs' alignment)
 
     g = group_ref[v]

@@ -662,6 +662,28 @@ SASS_LOOP = """
 """
 
 
+def _sass_args(**overrides) -> argparse.Namespace:
+    """benchmarks.sass's command line for a small gmm: a 16 x 64 x 128 tile, K = 256, N = 128."""
+    args = argparse.Namespace(
+        weights="bf16",
+        rows=16,
+        block_n=64,
+        block_k=128,
+        warps=4,
+        stages=3,
+        k=256,
+        n=128,
+        experts=4,
+        activation=None,
+        large_scales=False,
+        weights_first=False,
+        fp8_activations=False,
+        transposed=False,
+    )
+    vars(args).update(overrides)
+    return args
+
+
 def test_sass_loop_mix_counts_the_longest_loop():
     """benchmarks.sass: the K loop is the longest backward branch's body; opcodes keep their first
     modifier, predicates are not opcodes, and the conversion/SFU pipes and the local loads and
@@ -718,21 +740,11 @@ def test_sass_captures_the_kernels_triton_module(weights, activation, fp8_activa
     its 64-row tile's dots are e4m3 ones that may sum a whole K step in the tensor core."""
     from benchmarks import sass
 
-    args = argparse.Namespace(
+    args = _sass_args(  # (16-row fp8 activations: the byte-pair view)
         weights=weights,
-        rows=64 if fp8_activations else 16,  # (16-row fp8 activations: the byte-pair view)
-        block_n=64,
-        block_k=128,
-        warps=4,
-        stages=3,
-        k=256,
-        n=128,
-        experts=4,
+        rows=64 if fp8_activations else 16,
         activation=activation,
-        large_scales=False,
-        weights_first=False,
         fp8_activations=fp8_activations,
-        transposed=False,
     )
     ttir = sass.triton_module(args)
     assert ttir.startswith("module") and ttir.count("tt.dot") >= (2 if activation else 1)
@@ -751,23 +763,7 @@ def test_sass_captures_the_transposed_product(weights, dots):
     for fp8's low and one for its high bytes, one per quarter of mxfp4's words)."""
     from benchmarks import sass
 
-    args = argparse.Namespace(
-        weights=weights,
-        rows=16,
-        block_n=64,
-        block_k=128,
-        warps=4,
-        stages=3,
-        k=256,
-        n=128,
-        experts=4,
-        activation=None,
-        large_scales=False,
-        weights_first=False,
-        fp8_activations=False,
-        transposed=True,
-    )
-    ttir = sass.triton_module(args)
+    ttir = sass.triton_module(_sass_args(weights=weights, transposed=True))
     assert ttir.count("tt.dot") == dots
     assert ("xi16" in ttir) == (weights != "bf16")  # the uint16 byte pairs (signless in TTIR)
 
