@@ -6,6 +6,8 @@ and nothing else of the package, so the layers above (backends, ops, the layer) 
 without touching them.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
@@ -42,6 +44,19 @@ def swizzled_tile(num_visits: int, n_tiles, group_m: int):
     first_v = div(pid, band) * group_m
     band_rows = jnp.minimum(num_visits - first_v, group_m)
     return first_v + rem(rem(pid, band), band_rows), div(rem(pid, band), band_rows)
+
+
+def run_paths(paths, span, run, body, *, tail: bool = False) -> None:
+    """body(p) for the one tile height p of `BlockConfig.m_paths()` (largest first) that takes a
+    visit of `span` rows where `run`: p/2 < span <= p (the smallest path every span <= p, the
+    largest every span > p/2; with `tail`, a span past the largest is the tail path's)."""
+    for i, p in enumerate(paths):
+        when = run
+        if i > 0 or tail:
+            when &= span <= p
+        if i < len(paths) - 1:
+            when &= span > p // 2
+        pl.when(when)(functools.partial(body, p))
 
 
 def target_device():

@@ -175,20 +175,11 @@ def _gmm_kernel(
                 mask=out_mask,
             )
 
-    # Path p takes the visits whose rows span p/2 < r <= p from m0 (the smallest path every
-    # r <= p, the largest every r > p/2): exactly one path runs per used visit. With tail_m,
-    # a visit spanning more than block_m rows (a group's last, at most block_m + tail_m) runs
-    # the tail path instead.
-    paths = cfg.m_paths()
+    # One path per used visit (`_common.run_paths`). With tail_m, a visit spanning more than
+    # block_m rows (a group's last, at most block_m + tail_m) runs the tail path instead.
     span = row_end - m0
     run_grouped = used & (g < num_groups)
-    for i, p in enumerate(paths):
-        run = run_grouped
-        if i > 0 or cfg.tail_m:
-            run &= span <= p
-        if i < len(paths) - 1:
-            run &= span > p // 2
-        pl.when(run)(functools.partial(grouped_rows, p))
+    _common.run_paths(cfg.m_paths(), span, run_grouped, grouped_rows, tail=bool(cfg.tail_m))
     if cfg.tail_m:
         pl.when(run_grouped & (span > bm))(functools.partial(grouped_rows, bm, cfg.tail_m))
 

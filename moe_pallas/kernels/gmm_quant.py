@@ -643,16 +643,7 @@ def _kernel(
             out_ref.at[pl.ds(m0, h), pl.ds(n0, bn)], out.astype(out_ref.dtype), mask=out_mask
         )
 
-    paths = cfg.m_paths()
-    span = row_end - m0
-    run_grouped = used & (g < num_groups)
-    for i, p in enumerate(paths):
-        run = run_grouped
-        if i > 0:
-            run &= span <= p
-        if i < len(paths) - 1:
-            run &= span > p // 2
-        pl.when(run)(functools.partial(grouped_rows, p))
+    _common.run_paths(cfg.m_paths(), row_end - m0, used & (g < num_groups), grouped_rows)
 
 
 def _format_tile(fmt: str, cfg: BlockConfig) -> BlockConfig:

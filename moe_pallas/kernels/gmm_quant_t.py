@@ -231,16 +231,7 @@ def _kernel(
                 mask=out_mask,
             )
 
-    # Path p takes the visits whose rows span p/2 < r <= p (`kernels.gmm`): one path per visit.
-    paths = cfg.m_paths()
-    span = row_end - m0
-    for i, p in enumerate(paths):
-        run = used & (g < num_groups)
-        if i > 0:
-            run &= span <= p
-        if i < len(paths) - 1:
-            run &= span > p // 2
-        pl.when(run)(functools.partial(grouped_rows, p))
+    _common.run_paths(cfg.m_paths(), row_end - m0, used & (g < num_groups), grouped_rows)
 
 
 def gmm_quant_t(
