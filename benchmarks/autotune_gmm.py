@@ -158,7 +158,7 @@ QUANT_LARGE = {
 }
 # The backward's products with wᵀ on the stored weights (`kernels.gmm_quant_t`: block_n output
 # columns, block_k contraction rows a step; fp8_block clamps both to 128): tiles that compile
-# without spills in every format (`benchmarks.sass --transposed`, gpt-oss's dx shape: 64-212
+# without spills in every format (`benchmarks.sass --transposed`, gpt-oss's dx shape: 56-208
 # registers, none spilled).
 QUANT_T = {
     "tiny": [
