@@ -737,6 +737,20 @@ def test_paired_view_needs_k_a_multiple_of_4(monkeypatch):
         gmm_quant(jnp.ones((4, 34), jnp.bfloat16), qw, jnp.array([2, 2], jnp.int32))
 
 
+GPTOSS_EXPERTS, GPTOSS_HIDDEN = 128, 2880  # and I = 2880: a K and an N that 128 does not divide
+
+
+def _gptoss_sized_experts(rng, fmt):
+    """gpt-oss's experts at full size on the device, quantised to fmt, and their exact decode."""
+    from tests.helpers import device_expert_params
+
+    h = GPTOSS_HIDDEN
+    params = device_expert_params(rng, GPTOSS_EXPERTS, h, h, jnp.bfloat16, (0.1, 0.1))
+    qparams = moe_pallas.quantize_experts(params, fmt)
+    del params
+    return qparams, moe_pallas.dequantize_experts(qparams)
+
+
 @FULL_SHAPES
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_block", "mxfp4"])
@@ -746,14 +760,11 @@ def test_gptoss_sized_quantised_layer(fmt):
     dequantize_experts(qparams) within the documented bound, at T = 1 (decode), T = 64 and
     T = 2048 (64 rows per expert: the table's 128-row tiles); mxfp4 with one scale multiply a
     pair (`small_scales`, as quantize_experts marks these weights) and with two."""
-    from tests.helpers import device_expert_params, device_normal
+    from tests.helpers import device_normal
 
     rng = np.random.default_rng(3)
-    experts, hidden, inter, top_k = 128, 2880, 2880, 4
-    params = device_expert_params(rng, experts, hidden, inter, jnp.bfloat16, (0.1, 0.1))
-    qparams = moe_pallas.quantize_experts(params, fmt)
-    del params
-    dense = moe_pallas.dequantize_experts(qparams)
+    qparams, dense = _gptoss_sized_experts(rng, fmt)
+    experts, hidden, top_k = GPTOSS_EXPERTS, GPTOSS_HIDDEN, 4
     variants = [qparams]
     if fmt == "mxfp4":
         assert qparams["w_gate_up"].small_scales and qparams["w_down"].small_scales
@@ -826,14 +837,11 @@ def test_gptoss_sized_quantised_gradients(fmt):
     on the GPU: the backward's products with wᵀ on `kernels.gmm_quant_t`, no dense weight) against
     those through the bf16 layer on dequantize_experts(qparams), at T = 64 and T = 2048."""
     from moe_pallas.kernels.gmm_quant_t import supports
-    from tests.helpers import device_expert_params, device_normal
+    from tests.helpers import device_normal
 
     rng = np.random.default_rng(4)
-    experts, hidden, inter, top_k = 128, 2880, 2880, 4
-    params = device_expert_params(rng, experts, hidden, inter, jnp.bfloat16, (0.1, 0.1))
-    qparams = moe_pallas.quantize_experts(params, fmt)
-    del params
-    dense = moe_pallas.dequantize_experts(qparams)
+    qparams, dense = _gptoss_sized_experts(rng, fmt)
+    experts, hidden, top_k = GPTOSS_EXPERTS, GPTOSS_HIDDEN, 4
     assert supports(qparams["w_gate_up"], jnp.bfloat16)
 
     def grads(x, idx, wts, p):
