@@ -1,5 +1,5 @@
 """What every kernel shares: the target device, int32 index limits, group ends, block sizes,
-the programs' swizzle.
+masked Triton loads, the programs' swizzle and tile-height paths.
 
 Kernels import this module, `moe_pallas.activations` and `moe_pallas.dispatch` (pure jnp math)
 and nothing else of the package, so the layers above (backends, ops, the layer) can change
@@ -11,6 +11,7 @@ import functools
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
 from moe_pallas import dispatch
 
@@ -32,6 +33,17 @@ def div(a, b):
 def rem(a, b):
     """`jax.lax.rem` of int32 index values (see `div`)."""
     return jax.lax.rem(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32))
+
+
+def and_masks(a, b):
+    """a & b, either of them None for "every element"."""
+    return b if a is None else a if b is None else a & b
+
+
+def masked_load(ref, mask):
+    """A Triton load of ref, zeros where mask is False; unmasked without a mask (Triton rejects
+    `other` without one, and unmasked loads are the common, faster case)."""
+    return plgpu.load(ref, mask=mask) if mask is None else plgpu.load(ref, mask=mask, other=0)
 
 
 def swizzled_tile(num_visits: int, n_tiles, group_m: int):

@@ -45,15 +45,6 @@ from moe_pallas.kernels.config import BlockConfig
 _ACTIVATIONS = (None, "swiglu", "gptoss")
 
 
-def _and(a, b):
-    return b if a is None else a if b is None else a & b
-
-
-def _load(ref, mask):
-    # Triton rejects `other` without a mask; unmasked loads are the common, faster case.
-    return plgpu.load(ref, mask=mask) if mask is None else plgpu.load(ref, mask=mask, other=0)
-
-
 def _gmm_kernel(
     *refs,
     num_groups: int,
@@ -100,7 +91,9 @@ def _gmm_kernel(
     def masks(bm, off=0):  # rows of the visit in a tile of bm rows from m0 + off, store mask
         rows = m0 + off + jnp.arange(bm, dtype=jnp.int32)
         row_ok = (rows >= row_start) & (rows < row_end)
-        return row_ok, _and(row_ok[:, None], None if n_mask is None else n_mask[None, :])
+        return row_ok, _common.and_masks(
+            row_ok[:, None], None if n_mask is None else n_mask[None, :]
+        )
 
     @pl.when(used & (g == num_groups))
     def _tail_rows():
@@ -117,7 +110,7 @@ def _gmm_kernel(
         row_masks = [masks(h, off) for off, h in segments]
         if gather:
             srcs = [
-                _load(row_index_ref.at[pl.ds(m0 + off, h)], row_ok)
+                _common.masked_load(row_index_ref.at[pl.ds(m0 + off, h)], row_ok)
                 for (off, h), (row_ok, _) in zip(segments, row_masks)
             ]
 
@@ -128,25 +121,27 @@ def _gmm_kernel(
             lhs_tiles = []
             for j, ((off, h), (row_ok, _)) in enumerate(zip(segments, row_masks)):
                 # Rows outside the visit are not loaded: 64 rows fill half a 128-row tile.
-                a_mask = _and(row_ok[:, None], None if k_mask is None else k_mask[None, :])
+                a_mask = _common.and_masks(
+                    row_ok[:, None], None if k_mask is None else k_mask[None, :]
+                )
                 if gather:
-                    a = _load(lhs_ref.at[srcs[j][:, None], ks[None, :]], a_mask)
+                    a = _common.masked_load(lhs_ref.at[srcs[j][:, None], ks[None, :]], a_mask)
                 else:
-                    a = _load(lhs_ref.at[pl.ds(m0 + off, h), pl.ds(k0, bk)], a_mask)
+                    a = _common.masked_load(lhs_ref.at[pl.ds(m0 + off, h), pl.ds(k0, bk)], a_mask)
                 lhs_tiles.append(a.astype(compute_dtype))
             new = [list(seg) for seg in accs]
             for c, (c0, width, c_mask) in enumerate(blocks):
-                kn_mask = _and(
+                kn_mask = _common.and_masks(
                     None if k_mask is None else k_mask[:, None],
                     None if c_mask is None else c_mask[None, :],
                 )
                 if transpose_rhs:
-                    b = _load(
+                    b = _common.masked_load(
                         rhs_ref.at[g, pl.ds(c0, width), pl.ds(k0, bk)],
                         None if kn_mask is None else kn_mask.T,
                     ).astype(compute_dtype)
                 else:
-                    b = _load(rhs_ref.at[g, pl.ds(k0, bk), pl.ds(c0, width)], kn_mask)
+                    b = _common.masked_load(rhs_ref.at[g, pl.ds(k0, bk), pl.ds(c0, width)], kn_mask)
                     b = b.astype(compute_dtype)
                 for j, a in enumerate(lhs_tiles):
                     new[j][c] = new[j][c] + plgpu.dot(a, b, trans_b=transpose_rhs)
@@ -160,14 +155,16 @@ def _gmm_kernel(
             if has_bias:
                 seg = tuple(
                     acc
-                    + _load(bias_ref.at[g, pl.ds(c0, width)], c_mask).astype(jnp.float32)[None, :]
+                    + _common.masked_load(bias_ref.at[g, pl.ds(c0, width)], c_mask).astype(
+                        jnp.float32
+                    )[None, :]
                     for acc, (c0, width, c_mask) in zip(seg, blocks)
                 )
             if activation == "gptoss":
                 seg = jnp.unstack(seg[0].reshape(h, bn, 2), axis=-1)  # (gate, up)
             out = glu(seg[0], seg[1], activation) if activation else seg[0]
             if has_row_scale:
-                scale = _load(row_scale_ref.at[pl.ds(m0 + off, h)], row_ok)
+                scale = _common.masked_load(row_scale_ref.at[pl.ds(m0 + off, h)], row_ok)
                 out = out * scale.astype(jnp.float32)[:, None]
             plgpu.store(
                 out_ref.at[pl.ds(m0 + off, h), pl.ds(n0, bn)],

@@ -154,18 +154,10 @@ WEIGHTS_FIRST_MIN_ROWS = 64
 FOLD_MIN_ROWS = 64
 
 
-def _byte_pairs(values):
+def byte_pairs(values):
     """uint8 [E, N, K'] (K' even) -> the same bytes as uint16 [E, N, K'/2], byte 2i the low."""
     e, n, k = values.shape
     return jax.lax.bitcast_convert_type(values.reshape(e, n, k // 2, 2), jnp.uint16)
-
-
-def _and(a, b):
-    return b if a is None else a if b is None else a & b
-
-
-def _load(ref, mask):
-    return plgpu.load(ref, mask=mask) if mask is None else plgpu.load(ref, mask=mask, other=0)
 
 
 # fp8 weights multiply in float16: e4m3 -> f16 is exact and one hardware conversion (cvt e4m3x2
@@ -412,7 +404,7 @@ def _kernel(
 
     def block_scale_row(k, c0, width, valid):
         """fp8_block: the scales of columns c0.. in the 128-row K block of index k."""
-        return _load(
+        return _common.masked_load(
             scales_ref.at[g, k // FP8_BLOCK, block_scale_cols(c0, width)], col_mask(width, valid)
         )
 
@@ -421,16 +413,18 @@ def _kernel(
         fp8's paired view: [E, N, K/2] uint16): [width, depth] from column c0 and K index k0
         (in the view's elements)."""
         c_mask = col_mask(width, valid)
-        mask = _and(
+        mask = _common.and_masks(
             None if c_mask is None else c_mask[:, None],
             None if k_mask is None else k_mask[None, :],
         )
-        return _load(values_ref.at[g, pl.ds(c0, width), pl.ds(k0, depth)], mask)
+        return _common.masked_load(values_ref.at[g, pl.ds(c0, width), pl.ds(k0, depth)], mask)
 
     def masks(h):
         rows = m0 + jnp.arange(h, dtype=jnp.int32)
         row_ok = rows < row_end
-        return row_ok, _and(row_ok[:, None], None if n_mask is None else n_mask[None, :])
+        return row_ok, _common.and_masks(
+            row_ok[:, None], None if n_mask is None else n_mask[None, :]
+        )
 
     @pl.when(used & (g == num_groups))
     def _tail_rows():
@@ -442,15 +436,15 @@ def _kernel(
 
     def grouped_rows(h):
         row_ok, out_mask = masks(h)
-        src = _load(row_index_ref.at[pl.ds(m0, h)], row_ok) if gather else None
+        src = _common.masked_load(row_index_ref.at[pl.ds(m0, h)], row_ok) if gather else None
 
         def lhs_tile(k0, depth, k_mask):
             ks = k0 + jnp.arange(depth, dtype=jnp.int32)
-            a_mask = _and(row_ok[:, None], None if k_mask is None else k_mask[None, :])
+            a_mask = _common.and_masks(row_ok[:, None], None if k_mask is None else k_mask[None, :])
             if gather:
-                tile = _load(lhs_ref.at[src[:, None], ks[None, :]], a_mask)
+                tile = _common.masked_load(lhs_ref.at[src[:, None], ks[None, :]], a_mask)
             else:
-                tile = _load(lhs_ref.at[pl.ds(m0, h), pl.ds(k0, depth)], a_mask)
+                tile = _common.masked_load(lhs_ref.at[pl.ds(m0, h), pl.ds(k0, depth)], a_mask)
             return tile.astype(compute_dtype)
 
         sub_blocks = k_dim // (2 * MX_BLOCK)
@@ -467,7 +461,9 @@ def _kernel(
             return [
                 tuple(
                     e8m0_factors(
-                        _load(scales_ref.at[g, row, pl.ds(c0, width)], col_mask(width, valid)),
+                        _common.masked_load(
+                            scales_ref.at[g, row, pl.ds(c0, width)], col_mask(width, valid)
+                        ),
                         small_scales,
                     )
                     for row in (s_row, sub_blocks + s_row)
@@ -564,7 +560,7 @@ def _kernel(
             depth = min(bk, FP8_BLOCK)
             for j in range(max(bk // FP8_BLOCK, 1)):
                 kj = i * bk + j * depth
-                s_x = _load(
+                s_x = _common.masked_load(
                     lhs_scale_ref.at[src, kj // FP8_BLOCK]
                     if gather
                     else lhs_scale_ref.at[pl.ds(m0, h), kj // FP8_BLOCK],
@@ -613,7 +609,7 @@ def _kernel(
             accs = tuple(acc.T for acc in accs)
 
         if f16_rows:  # lhs = lhs16 · p per lhs row (`rows_as_f16`), exact in float32
-            p_rows = _load(
+            p_rows = _common.masked_load(
                 lhs_scale_ref.at[src] if gather else lhs_scale_ref.at[pl.ds(m0, h)], row_ok
             )
 
@@ -621,12 +617,15 @@ def _kernel(
             if f16_rows:
                 acc = acc * p_rows[:, None]
             if fmt == "fp8":
-                acc = acc * _load(scales_ref.at[g, cols], mask)[None, :]
+                acc = acc * _common.masked_load(scales_ref.at[g, cols], mask)[None, :]
             if folded:  # the columns' powers of two (`_column_powers`)
                 powers = col_power_ref.at[g, block_scale_cols(cols.start, cols.size)]
-                acc = acc * _load(powers, mask)[None, :]
+                acc = acc * _common.masked_load(powers, mask)[None, :]
             if has_bias:
-                acc = acc + _load(bias_ref.at[g, cols], mask).astype(jnp.float32)[None, :]
+                acc = (
+                    acc
+                    + _common.masked_load(bias_ref.at[g, cols], mask).astype(jnp.float32)[None, :]
+                )
             return acc
 
         accs = [
@@ -637,7 +636,7 @@ def _kernel(
             accs = jnp.unstack(accs[0].reshape(h, bn, 2), axis=-1)
         out = glu(accs[0], accs[1], activation) if activation else accs[0]
         if has_row_scale:
-            scale = _load(row_scale_ref.at[pl.ds(m0, h)], row_ok)
+            scale = _common.masked_load(row_scale_ref.at[pl.ds(m0, h)], row_ok)
             out = out * scale.astype(jnp.float32)[:, None]
         plgpu.store(
             out_ref.at[pl.ds(m0, h), pl.ds(n0, bn)], out.astype(out_ref.dtype), mask=out_mask
@@ -723,7 +722,7 @@ def gmm_quant(
         values = jax.lax.bitcast_convert_type(values, jnp.uint8)
 
     else:  # byte pairs and x's columns in the quarters' order (`e2m1`)
-        values, lhs = _byte_pairs(values), _mx_x_order(lhs)
+        values, lhs = byte_pairs(values), _mx_x_order(lhs)
     offsets = PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (Offsets)
     # (Tiling) weights first where a path can take it: wgmma's A holds 16 rows a warp, so each
     # weight block (a GLU tile's gate and up halves, or its interleaved pairs) spans the warps;
@@ -750,7 +749,7 @@ def gmm_quant(
                 f"byte pairs along K, which needs K a multiple of 4; got K={k_dim}. Pad the "
                 "weight's K or use the bf16 weights (dequantize_experts)."
             )
-        values = _byte_pairs(values)
+        values = byte_pairs(values)
     block_cols = fmt == "fp8_block" and scales.shape[2] != n_dim  # (Math: fp8_block)
     sched = dispatch.tile_schedule(
         _common.clamp_group_ends(group_sizes, num_rows), num_rows, cfg.block_m

@@ -57,15 +57,16 @@ from moe_pallas import dispatch
 from moe_pallas.kernels import _common
 from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.gmm_quant import (
+    FP8_BLOCK,
     MX_BLOCK,
     MX_QUARTERS,
+    byte_pairs,
     e2m1,
     e4m3_f16,
     e8m0_factors,
     rows_as_f16,
 )
 
-FP8_BLOCK = 128  # the edge of "fp8_block"'s scale blocks
 LHS_DTYPES = (jnp.bfloat16, jnp.float16)  # lhs exactly in float16 up to a power of two a row
 
 
@@ -84,14 +85,6 @@ def supports(w, lhs_dtype) -> bool:
     )
 
 
-def _and(a, b):
-    return b if a is None else a if b is None else a & b
-
-
-def _load(ref, mask):
-    return plgpu.load(ref, mask=mask) if mask is None else plgpu.load(ref, mask=mask, other=0)
-
-
 def _pair_bytes_f16(pairs):
     """uint16 [r, c] byte pairs -> the e4m3 values of their low and of their high bytes, each
     float16 [r, c] (exact)."""
@@ -104,9 +97,9 @@ def _mx_factors(scales_ref, g, rows, n0, depth, c_mask, small_scales):
     (a pl.ds over scales' second axis, and its mask): the [blocks, depth] codes, transposed and
     repeated along each block's pairs."""
     blocks_ds, kb_mask = rows
-    codes = _load(
+    codes = _common.masked_load(
         scales_ref.at[g, blocks_ds, pl.ds(n0, depth)],
-        _and(
+        _common.and_masks(
             None if kb_mask is None else kb_mask[:, None],
             None if c_mask is None else c_mask[None, :],
         ),
@@ -162,7 +155,9 @@ def _kernel(
 
     def store_mask(h):
         row_ok = m0 + jnp.arange(h, dtype=jnp.int32) < row_end
-        return row_ok, _and(row_ok[:, None], None if o_mask is None else o_mask[None, :])
+        return row_ok, _common.and_masks(
+            row_ok[:, None], None if o_mask is None else o_mask[None, :]
+        )
 
     @pl.when(used & (g == num_groups))
     def _tail_rows():
@@ -179,13 +174,13 @@ def _kernel(
         def body(i, accs):
             n0 = i * bc
             c_mask = n0 + jnp.arange(bc, dtype=jnp.int32) < c_dim if c_dim % bc else None
-            a = _load(
+            a = _common.masked_load(
                 lhs_ref.at[pl.ds(m0, h), pl.ds(n0, bc)],
-                _and(row_ok[:, None], None if c_mask is None else c_mask[None, :]),
+                _common.and_masks(row_ok[:, None], None if c_mask is None else c_mask[None, :]),
             )
-            pairs = _load(
+            pairs = _common.masked_load(
                 pairs_ref.at[g, pl.ds(n0, bc), pl.ds(p0, half)],
-                _and(
+                _common.and_masks(
                     None if c_mask is None else c_mask[:, None],
                     None if p_mask is None else p_mask[None, :],
                 ),
@@ -221,7 +216,7 @@ def _kernel(
         if mx:  # each half's two quarters back into column order: word i's k = 4i + 2q + d
             outs = [_interleave_quarters(*accs[:2]), _interleave_quarters(*accs[2:])]
         else:  # the low and high bytes' columns back into order: pair j's k = 2j + b
-            power = _load(power_ref.at[pl.ds(m0, h)], row_ok)
+            power = _common.masked_load(power_ref.at[pl.ds(m0, h)], row_ok)
             out = jnp.stack(accs, axis=-1).reshape(h, width)
             outs = [out * power[:, None]]
         for start, out in zip(out_starts, outs):
@@ -279,17 +274,16 @@ def gmm_quant_t(
         cfg = dataclasses.replace(cfg, block_n=max(cfg.block_n, 2 * MX_BLOCK))
     cfg = dataclasses.replace(cfg.fit(num_rows, n_dim, k_dim), tail_m=0)
     group_ends = _common.clamp_group_ends(group_sizes, num_rows)
-    values = jax.lax.bitcast_convert_type(rhs.values, jnp.uint8)
-    pairs = jax.lax.bitcast_convert_type(
-        values.reshape(num_groups, n_dim, values.shape[2] // 2, 2), jnp.uint16
-    )
+    pairs = byte_pairs(jax.lax.bitcast_convert_type(rhs.values, jnp.uint8))
     if fmt == "mxfp4":
         operands = [lhs, pairs, rhs.scales]
     elif fmt == "fp8_block":
         lhs16, power = rows_as_f16(lhs)
         operands = [lhs16, pairs, rhs.scales.astype(jnp.float32), power]
     else:  # (Math: "fp8") the column scales onto lhs, row m by its group's
-        row_group = jnp.searchsorted(group_ends, jnp.arange(num_rows, dtype=jnp.int32), "right")
+        row_group = dispatch.searchsorted(
+            group_ends, jnp.arange(num_rows, dtype=jnp.int32), "right"
+        )
         scales = jnp.concatenate([rhs.scales, jnp.zeros((1, n_dim), rhs.scales.dtype)])
         lhs16, power = rows_as_f16(lhs.astype(jnp.float32) * scales[row_group].astype(jnp.float32))
         operands = [lhs16, pairs, power]
