@@ -151,6 +151,31 @@ def test_gmm_on_fp8_activations_matches_oracle(
 
 
 @pytest.mark.parametrize(
+    "fmt,activation,k,n,direct",
+    [
+        ("fp8_block", None, 176, 96, True),  # block_n 64 -> 32 divides N; a 48-deep K tail
+        ("fp8", "swiglu", 256, 192, True),  # no tail
+        ("fp8", "gptoss", 176, 96, False),  # N = 48: no block_n of 32 or more divides it
+        ("fp8_block", "swiglu", 174, 192, False),  # K not a multiple of 16
+    ],
+)
+def test_fp8_activations_unmasked_tiles(fmt, activation, k, n, direct, monkeypatch):
+    """fp8 dots on the weights as loaded (Math: fp8 activations): on 64-row tiles whose block_n
+    divides N (narrowed to a divisor if needed) and whose K tail is a step of its own, ending at K
+    with x's earlier columns masked, against float64 with every epilogue; other calls read the
+    weights as bytes. The kernel is told which."""
+    seen = []
+    kernel = gmm_quant_module._kernel
+    spy = lambda *refs, **kw: seen.append((kw["direct"], kw["cfg"].block_n)) or kernel(*refs, **kw)
+    monkeypatch.setattr(gmm_quant_module, "_kernel", spy)
+    run = _epilogue_case(fmt, activation, k, n, [40, 0, 1, 23], 64, fp8_activations=True)
+    run(BlockConfig(block_m=64, block_n=64, block_k=128, min_block_m=16))
+    n_out = n // 2 if activation else n
+    assert seen and {d for d, _ in seen} == {direct}
+    assert all(n_out % block_n == 0 for _, block_n in seen) or not direct
+
+
+@pytest.mark.parametrize(
     "fmt,activation,implementation",
     [("fp8_block", "swiglu", "pallas_triton"), ("fp8", "gptoss", "pallas_triton")],
 )

@@ -41,7 +41,18 @@ promotion interval), scaled into the float32 accumulator by the step's row and w
     acc += fp8_dot(q_x[:, k0:k0+128], q_w[cols, k0:k0+128]) · s_x[:, k0 // 128] · s_w,
 s_w the "fp8_block" scale of the step's block (one scalar a step where the tile's columns lie in
 one 128-column block, else a column's own), or 1 for "fp8", whose column scale stays in the
-epilogue. Calls that read the values as byte pairs (decode-sized tiles, and values past 2^31
+epilogue. The weight tile goes from the pipelined shared-memory buffer to wgmma as loaded, which
+needs an unmasked float8 load (a masked one's fill value does not lower, and a bitcast of a byte
+tile, even to its own type, makes Triton copy the tile through registers into a second
+shared-memory layout each step): block_n is narrowed to divide N (`_common.dividing_block`, not
+below DIRECT_MIN_BLOCK_N) and a K tail is a step of its own after the loop, whose window ends at
+K, x's columns before the tail masked to zero (K a multiple of 16, for aligned loads); calls
+where neither fits read bytes. Offline SASS of the K loop (`benchmarks.sass --fp8-activations`),
+bytes -> as loaded, instructions a thread per 128 weight values (registers; programs an SM):
+gpt-oss's down 64 x 128 at 4 warps 223 -> 64 x 64 147 (202 -> 119; 2 -> 3), its GLU 64 x 64 221
+-> 194 (207 -> 192; 2), SwiGLU-256's down 64 x 128 199 -> 188 (220 -> 201; 2); per 64 values,
+gpt-oss's down 128 x 128 at 8 warps 195 -> 128 x 64 140 (209 -> 119; 1 -> 2); no STS.128 of the
+tile (4-8 a step before). Calls that read the values as byte pairs (decode-sized tiles, and values past 2^31
 bytes: Offsets) convert both operands exactly to float16 instead (e4m3's values are float16s) and
 scale each 128-deep block's float16 dots alike (a step of the table's 256 values of K is two):
 at 16 rows fp8 wgmma does not apply (its M is 64) and mma.sync has no e4m3 form on sm_90. x's
@@ -149,6 +160,8 @@ PAIRED_MAX_ROWS = 32
 MX_SCALES_AHEAD_MAX_ROWS = 32
 # `BlockConfig.weights_first` applies to paths of at least this many rows: wgmma's M is 64.
 WEIGHTS_FIRST_MIN_ROWS = 64
+# fp8 activations' unmasked tiles narrow block_n to divide N down to this (Math: fp8 activations)
+DIRECT_MIN_BLOCK_N = 32
 # fp8_block tiles of at least this many rows fold the block scale into the weights (Math:
 # fp8_block): the wgmma tiles, whose weight operand goes through shared memory anyway.
 FOLD_MIN_ROWS = 64
@@ -360,6 +373,7 @@ def _kernel(
     weights_first: bool,
     fp8_lhs: bool,
     uniform_block_scale: bool,
+    direct: bool,
 ):
     it = iter(refs)
     group_ref, m_start_ref, row_end_ref = (next(it) for _ in range(3))
@@ -501,7 +515,7 @@ def _kernel(
                 accs = mx_step(j, accs, scales[u] if ahead else mx_scales(j))
             return accs, tuple(nxt)
 
-        def x_tiles(i, j, depth):
+        def x_tiles(i, j, depth, tail=False):
             """x's tiles of K values [k0, k0 + depth), k0 = i·bk + j·depth, with the offset and
             K mask of the weight tile that meets them: in the paired view (K a multiple of 4,
             pair p holds k = 2p, 2p + 1) the [h, depth/2] tiles of the two halves of x's
@@ -514,8 +528,13 @@ def _kernel(
                 halves = (p0, k_dim // 2 + p0)
                 return p0, tuple(lhs_tile(p, depth // 2, mask) for p in halves), mask
             k0 = i * bk + j * depth
+            if tail:  # the K tail's window ends at K (Math: fp8 activations): the weights
+                # unmasked, x's columns before k0 masked
+                w0 = k_dim - depth
+                ks = w0 + jnp.arange(depth, dtype=jnp.int32)
+                return w0, (lhs_tile(w0, depth, ks >= k0),), None
             ks = k0 + jnp.arange(depth, dtype=jnp.int32)
-            mask = ks < k_dim if k_dim % bk else None
+            mask = ks < k_dim if k_dim % bk and not direct else None
             return k0, (lhs_tile(k0, depth, mask),), mask
 
         def fp8_body(i, accs):
@@ -550,7 +569,7 @@ def _kernel(
                     new[c] = new[c] + dot(a_t, w_t)
             return tuple(new)
 
-        def fp8_lhs_body(i, accs):
+        def fp8_lhs_body(i, accs, tail=False):
             """(Math: fp8 activations) each 128-deep K block of the step (bk // 128 of them, or
             the step itself when shorter) one partial dot, scaled into acc in float32: an fp8
             dot of x's e4m3 bytes and the weight bytes, or in the paired view the two
@@ -566,7 +585,7 @@ def _kernel(
                     else lhs_scale_ref.at[pl.ds(m0, h), kj // FP8_BLOCK],
                     row_ok,
                 )
-                offset, xs, mask = x_tiles(i, j, depth)
+                offset, xs, mask = x_tiles(i, j, depth, tail)
                 for c, (c0, width, valid) in enumerate(blocks):
                     if paired:
                         pairs = load_values(c0, width, valid, offset, depth // 2, mask)
@@ -576,7 +595,9 @@ def _kernel(
                     else:
                         q = load_values(c0, width, valid, offset, depth, mask)
                         a8 = jax.lax.bitcast_convert_type(xs[0], jnp.float8_e4m3fn)
-                        d = fp8_dot(a8, jax.lax.bitcast_convert_type(q, jnp.float8_e4m3fn))
+                        if not direct:  # bytes (a bitcast, even to itself, stages the tile)
+                            q = jax.lax.bitcast_convert_type(q, jnp.float8_e4m3fn)
+                        d = fp8_dot(a8, q)
                     if fmt == "fp8":  # (the column scale is the epilogue's)
                         step_scale = s_x[:, None]
                     elif uniform_block_scale:  # the tile's columns lie in one scale block
@@ -591,7 +612,11 @@ def _kernel(
         accs = tuple(
             jnp.zeros((width, h) if swapped else (h, width), jnp.float32) for _, width, _ in blocks
         )
-        if fp8_lhs:
+        if fp8_lhs and direct:  # the full K steps, then the tail's own (x_tiles)
+            accs = jax.lax.fori_loop(0, k_dim // bk, fp8_lhs_body, accs)
+            if k_dim % bk:
+                accs = fp8_lhs_body(jnp.int32(k_dim // bk), accs, tail=True)
+        elif fp8_lhs:
             accs = jax.lax.fori_loop(0, pl.cdiv(k_dim, bk), fp8_lhs_body, accs)
         elif fmt == "mxfp4":
             first = (mx_scales(jnp.int32(min(u, sub_blocks - 1))) for u in range(unroll))
@@ -718,10 +743,7 @@ def gmm_quant(
         cfg = dataclasses.replace(cfg, weights_first=False)
     cfg = dataclasses.replace(cfg.fit(num_rows, k_dim, n_out), tail_m=0)
     values, scales = rhs.values, rhs.scales
-    if fmt != "mxfp4":  # fp8 travels as bytes: a masked fp8 load's fill value does not lower
-        values = jax.lax.bitcast_convert_type(values, jnp.uint8)
-
-    else:  # byte pairs and x's columns in the quarters' order (`e2m1`)
+    if fmt == "mxfp4":  # byte pairs and x's columns in the quarters' order (`e2m1`)
         values, lhs = byte_pairs(values), _mx_x_order(lhs)
     offsets = PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (Offsets)
     # (Tiling) weights first where a path can take it: wgmma's A holds 16 rows a warp, so each
@@ -742,6 +764,15 @@ def gmm_quant(
         lhs = lhs.astype(jnp.float16) if paired else jax.lax.bitcast_convert_type(lhs, jnp.uint8)
         block_k = _common.pow2_block(FP8_BLOCK, k_dim)
         cfg = dataclasses.replace(cfg, block_k=max(cfg.block_k, block_k) if paired else block_k)
+    # (Math: fp8 activations) fp8 dots on the weights as loaded, where no tile needs a mask:
+    # block_n divides N, the K tail is a step of its own
+    direct = fp8_lhs and not paired and k_dim % 16 == 0 and k_dim >= cfg.block_k
+    if direct:
+        block_n = _common.dividing_block(cfg.block_n, n_out, DIRECT_MIN_BLOCK_N)
+        direct = n_out % block_n == 0
+        cfg = dataclasses.replace(cfg, block_n=block_n if direct else cfg.block_n)
+    if fmt != "mxfp4" and not direct:  # bytes: a masked fp8 load's fill value does not lower
+        values = jax.lax.bitcast_convert_type(values, jnp.uint8)
     if paired:
         if k_dim % 4:
             raise ValueError(
@@ -798,6 +829,7 @@ def gmm_quant(
         weights_first=weights_first,
         fp8_lhs=fp8_lhs,
         uniform_block_scale=fp8_lhs and block_cols and _one_scale_block(cfg, activation, n_out),
+        direct=direct,
     )
     return pl.pallas_call(
         kernel,
