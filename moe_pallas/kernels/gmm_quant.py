@@ -52,15 +52,15 @@ bytes -> as loaded, instructions a thread per 128 weight values (registers; prog
 gpt-oss's down 64 x 128 at 4 warps 223 -> 64 x 64 147 (202 -> 119; 2 -> 3), its GLU 64 x 64 221
 -> 194 (207 -> 192; 2), SwiGLU-256's down 64 x 128 199 -> 188 (220 -> 201; 2); per 64 values,
 gpt-oss's down 128 x 128 at 8 warps 195 -> 128 x 64 140 (209 -> 119; 1 -> 2); no STS.128 of the
-tile (4-8 a step before). Calls that read the values as byte pairs (decode-sized tiles, and values past 2^31
-bytes: Offsets) convert both operands exactly to float16 instead (e4m3's values are float16s) and
-scale each 128-deep block's float16 dots alike (a step of the table's 256 values of K is two):
-at 16 rows fp8 wgmma does not apply (its M is 64) and mma.sync has no e4m3 form on sm_90. x's
-values enter as float16 (converted once per call: the dot's operand layout repeats x in every
+tile (4-8 a step before). Calls that read the values as byte pairs (decode-sized tiles, and values
+past 2^31 bytes: Offsets) convert both operands exactly to float16 instead (e4m3's values are
+float16s) and scale each 128-deep block's float16 dots alike (a step of the table's 256 values of K
+is two): at 16 rows fp8 wgmma does not apply (its M is 64) and mma.sync has no e4m3 form on sm_90.
+x's values enter as float16 (converted once per call: the dot's operand layout repeats x in every
 warp, which would convert it once a warp), and the weights' pairs convert as without fp8
-activations (offline SASS of the K loop, instructions a thread: 16 x 64 x 128 fp8 136 and
-fp8_block 146, against 120 and 135 without; 169 with x's bytes converted in the kernel; gpt-oss's
-GLU entry 16 x 2·32 x 256 251 against 210).
+activations (offline SASS of the K loop, instructions a thread: 16 x 64 x 128 fp8 136 and fp8_block
+146, against 120 and 135 without; 169 with x's bytes converted in the kernel; gpt-oss's GLU entry
+16 x 2·32 x 256 251 against 210).
 The result is the float32 product of the quantised operands, up to the tensor core's summation
 within a step (docs/reliability.md).
 Every other scale product is exact (mxfp4's in bf16, `e2m1`) or one float32 multiply of a
