@@ -18,6 +18,7 @@ GPU the table is for; without --write the entries are printed only:
 
     python -m benchmarks.autotune_gmm --classes small [--kernels gmm] [--around-table] [--write]
     python -m benchmarks.autotune_gmm --weights mxfp4 --kernels gmm gmm_glu
+    python -m benchmarks.autotune_gmm --weights fp8_a8 --kernels gmm gmm_glu --classes small large
 
 With --weights fp8 or mxfp4 the expert weights are quantised (`quant.quantize_weight`) and the
 forward kernels (gmm, gmm_glu) run `kernels.gmm_quant`, the backward's products with wᵀ (gmm_t:
@@ -29,7 +30,11 @@ pressure (`python -m benchmarks.sass` counts the K loop's spills; the survey is 
 docs/decisions.md, Low-precision weights). The large class adds 128- and 256-row tiles
 (`QUANT_LARGE`); every tile of 64 rows or more is also tried with the weights first
 (`BlockConfig.weights_first`: accᵀ = w · xᵀ, the decoded weights wgmma's register operand),
-except gmm_t's (`QUANT_T`).
+except gmm_t's (`QUANT_T`). --weights fp8_a8 tunes the forward's calls with FP8 activations
+(fp8 weights with `fp8_activations`: the rows quantised per call, e4m3 x e4m3 on the FP8 tensor
+cores) among `QUANT_A8`'s tiles and writes them as "gmm_a8" / "gmm_glu_a8" entries
+(`tuning.A8_KERNELS`); a Triton program waits on each of its fp8 dots, so these tiles differ from
+the decoding ones in how many programs an SM holds (docs/decisions.md).
 """
 
 import argparse
@@ -177,7 +182,28 @@ QUANT_T = {
     ],
 }
 QUANT_T["large"] = QUANT_T["small"]
-QUANT_FORMATS = {"fp8": "float8_e4m3fn", "mxfp4": "float4_e2m1fn"}
+# FP8 activations on 64+-row tiles (block_k 128: one activation-scale block a step): a program
+# waits on each step's fp8 dot before promoting it, so programs an SM (offline SASS, the weights
+# as loaded: 64 x 64 at 4 warps 3-4, 64 x 128 2, 128 x 64 at 8 warps 2, 128 x 128 1) are what
+# overlaps one program's promotion with another's dot. Decode-sized calls (16- and 32-row tiles:
+# float16 dots) take fp8's tiny tiles. A GLU tile holds two accumulators and two partial sums.
+_A8_ROWS = {
+    "gmm": [
+        C(64, 64, 128, 8, 4, 3, min_block_m=16),
+        C(64, 64, 128, 8, 4, 4, min_block_m=16),
+        C(64, 128, 128, 8, 4, 3, min_block_m=16),
+        C(128, 64, 128, 8, 8, 3, min_block_m=64),
+        C(128, 128, 128, 8, 8, 4, min_block_m=64),
+    ],
+    "gmm_glu": [
+        C(64, 32, 128, 8, 4, 3, min_block_m=16),
+        C(64, 64, 128, 8, 4, 3, min_block_m=16),
+        C(64, 64, 128, 8, 4, 4, min_block_m=16),
+        C(128, 64, 128, 8, 8, 3, min_block_m=64),
+    ],
+}
+QUANT_A8 = {"tiny": QUANT_CANDIDATES["tiny"], "small": _A8_ROWS, "large": _A8_ROWS}
+QUANT_FORMATS = {"fp8": "float8_e4m3fn", "mxfp4": "float4_e2m1fn", "fp8_a8": "float8_e4m3fn"}
 TGMM_CANDIDATES = [
     C(32, 128, 128, 1, 4, 4),
     C(64, 128, 128, 1, 4, 3),
@@ -217,8 +243,10 @@ def _problem(workload, tokens, small=False, weights="bf16"):
     }
     p["dh"] = p["h"]
     if weights != "bf16":
+        fmt, a8 = weights.removesuffix("_a8"), weights.endswith("_a8")
         for name in ("w_gate_up", "w_down"):
-            p[name] = quant.quantize_weight(p[name], weights)
+            q = quant.quantize_weight(p[name], fmt)
+            p[name] = dataclasses.replace(q, fp8_activations=True) if a8 else q
     if w.bias:
         p["b_gate_up"] = jax.random.normal(next(keys), (experts, 2 * inter), bf16)
         p["b_down"] = jax.random.normal(next(keys), (experts, hidden), bf16)
@@ -236,6 +264,14 @@ def _calls(kernel, cfg, p):
             f"kernel {kernel!r} does not run on quantised weights (gmm, gmm_glu, gmm_t do)."
         )
     mm = gmm_quant if quantised else gmm
+    if quantised and p["w_down"].fp8_activations:  # rows quantised per call, as the backend does
+        if kernel == "gmm_t":
+            raise ValueError("FP8 activations are tuned for the forward's gmm and gmm_glu.")
+
+        def mm(lhs, w, s, **kw):
+            q, scales = quant.quantize_rows(lhs)
+            return gmm_quant(q, w, s, lhs_scales=scales, out_dtype=lhs.dtype, **kw)
+
     if kernel == "gmm":
         return [
             (
@@ -313,6 +349,13 @@ def table_config(kernel, cls, device, *, workload="gptoss", path=tuning.TABLE_PA
 def _candidates(
     kernel, cls, around_table=False, device=None, path=tuning.TABLE_PATH, weights="bf16"
 ):
+    if weights == "fp8_a8":
+        if around_table or kernel not in QUANT_A8[cls]:
+            raise ValueError(
+                "FP8 activations are tuned for gmm and gmm_glu (--kernels gmm gmm_glu, without "
+                "--around-table)."
+            )
+        return QUANT_A8[cls][kernel]
     if weights != "bf16":
         if around_table or kernel not in (*QUANT_CANDIDATES[cls], "gmm_t"):
             raise ValueError(
@@ -351,10 +394,10 @@ SMALL_CANDIDATES = [C(16, 16, 16, 2, 4, 2), C(16, 32, 16, 1, 4, 2)]
 
 def entry(kernel: str, cls: str, cfg: BlockConfig, weights: str = "bf16") -> dict:
     """The tuning-table entry of a winner: every shape of the class, every dtype (bf16 weights)
-    or the quantised weights' element type."""
+    or the quantised weights' element type (FP8 activations: the "_a8" kernel's)."""
     return {
         "backend": "pallas_triton",
-        "kernel": kernel,
+        "kernel": f"{kernel}_a8" if weights == "fp8_a8" else kernel,
         "dtype": QUANT_FORMATS.get(weights, "*"),
         "k": "*",
         "n": "*",
@@ -466,7 +509,8 @@ def main(argv=None):
         "--weights",
         default="bf16",
         choices=["bf16", *QUANT_FORMATS],
-        help="expert weights: bf16, or quantised (gmm, gmm_glu and gmm_t)",
+        help="expert weights: bf16, or quantised (gmm, gmm_glu and gmm_t; fp8_a8: fp8 with FP8 "
+        "activations, gmm and gmm_glu)",
     )
     parser.add_argument("--small", action="store_true", help="tiny shapes (CPU smoke test)")
     parser.add_argument(

@@ -11,7 +11,10 @@ The table holds, per device name (`jax.Device.device_kind`, e.g. "NVIDIA H200"),
   "cublas_slab" (config {}; its presence makes "auto" compute that weight gradient as a batched
   cuBLAS matmul over capacity slabs).
 - kernel: "gmm" (plain, or with the row gather, bias, row scale), "gmm_glu" (with a GLU epilogue:
-  N counts output columns), "gmm_t" (rhs transposed), "tgmm".
+  N counts output columns), "gmm_t" (rhs transposed), "tgmm"; "gmm_a8", "gmm_glu_a8": the
+  forward's two with FP8 activations (`quant.QuantizedWeight.fp8_activations`: e4m3 x e4m3 on the
+  FP8 tensor cores, whose tiles hold other registers than the decoding ones), a call without
+  such an entry taking its format's "gmm" / "gmm_glu" one.
 - dtype: the operands' dtype name (a quantised weight's stored element type: "float8_e4m3fn",
   "float4_e2m1fn"), a list of names, or "*"; k, n: an int or "*".
 - rows: the rows-per-group class of `rows_class`.
@@ -35,6 +38,7 @@ from moe_pallas.kernels import _common
 TABLE_PATH = pathlib.Path(__file__).with_name("tuning.json")
 ROWS_CLASSES = ("tiny", "small", "large")
 KERNELS = ("gmm", "gmm_glu", "gmm_t", "tgmm")
+A8_KERNELS = ("gmm_a8", "gmm_glu_a8")  # (module docstring) FP8-activation tiles of their own
 
 
 def rows_class(num_rows: int, num_groups: int) -> str:
@@ -139,7 +143,8 @@ def write_entries(
         devices[device] = {"num_sms": num_sms, "entries": []}
     for entry in entries:
         missing = {"backend", "kernel", "dtype", "k", "n", "rows", "config"} - set(entry)
-        if missing or entry["kernel"] not in KERNELS or entry["rows"] not in ROWS_CLASSES:
+        kernels = (*KERNELS, *A8_KERNELS)
+        if missing or entry["kernel"] not in kernels or entry["rows"] not in ROWS_CLASSES:
             raise ValueError(f"tuning entry {entry} is malformed (missing {sorted(missing)}).")
     new_keys = {_key(e) for e in entries}
     kept = [e for e in devices[device]["entries"] if _key(e) not in new_keys]

@@ -7,7 +7,8 @@ full bandwidth (at T = 1, 4 experts x 45 column tiles would leave SMs idle). A g
 `quant.QuantizedWeight` runs `kernels.gmm_quant` with the entry of its stored element type
 (float8_e4m3fn, float4_e2m1fn), else the bf16 ("*") entry of its shape; with `fp8_activations`
 its activations are quantised here, per row and 128 values of K (`quant.quantize_rows`), for
-gmm_quant's FP8 products. Its transposed products (the backward's) run `kernels.gmm_quant_t` with
+gmm_quant's FP8 products, whose config is the "gmm_a8" / "gmm_glu_a8" entry where the table has
+one (`tuning.A8_KERNELS`), else the format's. Its transposed products (the backward's) run `kernels.gmm_quant_t` with
 the "gmm_t" entry of the element type, whose block_n spreads no narrower than 128 bytes of a
 stored [N, K] row (`min_block_n`): the rows run along the output's columns there.
 """
@@ -55,12 +56,22 @@ def min_block_n(kernel: str, activation: str | None = None, dtype=None) -> int:
 
 
 def config(
-    kernel: str, dtype, num_rows: int, num_groups: int, k: int, n: int, activation=None
+    kernel: str,
+    dtype,
+    num_rows: int,
+    num_groups: int,
+    k: int,
+    n: int,
+    activation=None,
+    fp8_activations: bool = False,
 ) -> BlockConfig:
     """The block config of one call (module docstring)."""
-    entry = tuning.lookup(
-        "pallas_triton", kernel, dtype=dtype, k=k, n=n, rows=tuning.rows_class(num_rows, num_groups)
-    )
+    rows = tuning.rows_class(num_rows, num_groups)
+    entry = None
+    if fp8_activations:  # the FP8-activation tiles, where tuned
+        entry = tuning.lookup("pallas_triton", f"{kernel}_a8", dtype=dtype, k=k, n=n, rows=rows)
+    if entry is None:
+        entry = tuning.lookup("pallas_triton", kernel, dtype=dtype, k=k, n=n, rows=rows)
     cfg = BlockConfig(**entry) if entry is not None else BlockConfig()
     cfg = cfg.fit(num_rows, k, n)
     if kernel != "tgmm":
@@ -86,16 +97,18 @@ def gmm(
     num_rows = lhs.shape[0] if lhs_row_index is None else lhs_row_index.shape[0]
     n_dim = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     kernel = backends.gmm_kernel_name(activation, transpose_rhs)
+    quantised = quant.is_quantized(rhs)
     cfg = config(
         kernel,
-        rhs.element_dtype if quant.is_quantized(rhs) else jnp.promote_types(lhs.dtype, rhs.dtype),
+        rhs.element_dtype if quantised else jnp.promote_types(lhs.dtype, rhs.dtype),
         num_rows,
         rhs.shape[0],
         lhs.shape[1],
         n_dim // 2 if activation else n_dim,
         activation,
+        fp8_activations=quantised and rhs.fp8_activations and not transpose_rhs,
     )
-    if quant.is_quantized(rhs) and transpose_rhs:  # (`gmm_quant_t.supports`: backends.gmm)
+    if quantised and transpose_rhs:  # (`gmm_quant_t.supports`: backends.gmm)
         return _gmm_quant_t(
             lhs,
             rhs,
@@ -104,7 +117,7 @@ def gmm(
             out_dtype=out_dtype,
             config=cfg,
         )
-    if quant.is_quantized(rhs):
+    if quantised:
         lhs_scales = None
         if rhs.fp8_activations:  # e4m3 rows for the FP8 tensor cores
             out_dtype = out_dtype or lhs.dtype

@@ -537,6 +537,50 @@ def test_autotune_quantised_weights_writes_entries_of_their_element_type(tmp_pat
         ]
 
 
+def test_autotune_fp8_activations_writes_a8_entries_the_backend_reads(tmp_path, monkeypatch):
+    """--weights fp8_a8 times the forward's gmm and gmm_glu with FP8 activations (interpret mode,
+    tiny shapes) and writes "gmm_a8" / "gmm_glu_a8" float8_e4m3fn entries; the pallas_triton
+    backend gives them to FP8-activation calls only, fp8's weights-only calls keeping theirs;
+    the backward's gmm_t is refused by name."""
+    from benchmarks import autotune_gmm
+    from moe_pallas import tuning
+    from moe_pallas.backends import pallas_triton
+
+    table = _table_copy(tmp_path)
+    before = json.loads(table.read_text())["devices"]["NVIDIA H200"]["entries"]
+    argv = ["--small", "--weights", "fp8_a8", "--classes", "small", "--workloads", "gptoss"]
+    argv += ["--kernels", "gmm", "gmm_glu", "--write", "--table", str(table)]
+    entries = autotune_gmm.main([*argv, "--device", "NVIDIA H200"])
+    assert sorted(e["kernel"] for e in entries) == ["gmm_a8", "gmm_glu_a8"]
+    assert all(e["dtype"] == "float8_e4m3fn" and e["rows"] == "small" for e in entries)
+    after = json.loads(table.read_text())["devices"]["NVIDIA H200"]["entries"]
+    assert after == before + entries  # added beside fp8's, nothing replaced
+    monkeypatch.setattr(tuning, "TABLE_PATH", table)
+    monkeypatch.setattr(tuning, "device_name", lambda: "NVIDIA H200")
+    tuning._load.cache_clear()
+    for kernel, activation in (("gmm", None), ("gmm_glu", "gptoss")):
+        call = (kernel, jnp.float8_e4m3fn, 4 * 2048, 128, 2880, 2880, activation)
+        a8 = next(e["config"] for e in entries if e["kernel"] == f"{kernel}_a8")
+        fp8 = next(
+            e["config"]
+            for e in before
+            if (e["kernel"], e["dtype"], e["rows"]) == (kernel, "float8_e4m3fn", "small")
+        )
+        got = pallas_triton.config(*call, fp8_activations=True)
+        assert (got.block_m, got.block_k, got.num_warps) == (
+            a8["block_m"],
+            a8["block_k"],
+            a8["num_warps"],
+        )
+        got = pallas_triton.config(*call)
+        assert (got.block_m, got.num_warps) == (fp8["block_m"], fp8["num_warps"])
+    tuning._load.cache_clear()
+    with pytest.raises(ValueError, match="gmm and gmm_glu"):
+        autotune_gmm._candidates("gmm_t", "small", weights="fp8_a8")
+    glu = autotune_gmm._candidates("gmm_glu", "large", weights="fp8_a8")
+    assert glu and all(c.block_k == 128 and c.block_n <= 64 for c in glu)
+
+
 def test_autotune_seeds_from_the_table_and_keeps_every_field(tmp_path):
     """--around-table starts from `tuning.lookup`'s config; configs with bucketed M and tails
     (min_block_m, tail_m) survive the JSON round trip."""
