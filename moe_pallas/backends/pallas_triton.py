@@ -5,12 +5,13 @@ Config of a call: the tuning table's "pallas_triton" entry for (kernel, dtype, K
 the gmm kernels: with few rows each hit expert's weights must be split over every SM to stream at
 full bandwidth (at T = 1, 4 experts x 45 column tiles would leave SMs idle). A gmm on a
 `quant.QuantizedWeight` runs `kernels.gmm_quant` with the entry of its stored element type
-(float8_e4m3fn, float4_e2m1fn), else the bf16 ("*") entry of its shape; with `fp8_activations`
-its activations are quantised here, per row and 128 values of K (`quant.quantize_rows`), for
-gmm_quant's FP8 products, whose config is the "gmm_a8" / "gmm_glu_a8" entry where the table has
-one (`tuning.A8_KERNELS`), else the format's. Its transposed products (the backward's) run `kernels.gmm_quant_t` with
-the "gmm_t" entry of the element type, whose block_n spreads no narrower than 128 bytes of a
-stored [N, K] row (`min_block_n`): the rows run along the output's columns there.
+(float8_e4m3fn, float4_e2m1fn), else the bf16 ("*") entry of its shape; with `fp8_activations` its
+activations are quantised here, per row and 128 values of K (`quant.quantize_rows`), for
+gmm_quant's FP8 products, whose config is the "gmm_a8" / "gmm_glu_a8" entry where the table has one
+(`tuning.A8_KERNELS`), else the format's. Its transposed products (the backward's) run
+`kernels.gmm_quant_t` with the "gmm_t" entry of the element type, whose block_n spreads no narrower
+than 128 bytes of a stored [N, K] row (`min_block_n`): the rows run along the output's columns
+there.
 """
 
 import dataclasses
