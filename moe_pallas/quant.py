@@ -31,6 +31,19 @@ w[e, k, n]:
     K must be a multiple of 64. e2m1 code bits: sign 3, exponent 2-1 (bias 1, 0 subnormal),
     mantissa 0: codes 0-7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6.
 
+Row pitch. "fp8" and "fp8_block" values are stored [E, N, P]: each output column's row of K bytes
+padded with zeros to P, the next multiple of ROW_PITCH (256) bytes, where that adds at most
+PITCH_MAX_OVERHEAD of the row (gpt-oss's K = 2880 -> 3072, 6.7% more bytes; SwiGLU-256's 4096 and
+2048 are whole already), and `QuantizedWeight.k` keeps K. The kernels read each row's first K bytes
+only (every tile's loads are masked at K), so the padding is never read: it only makes every row
+start on a 256-byte boundary, where gpt-oss's rows of 2880 bytes start on 64-byte ones, every other
+one across a 128-byte line (on an H100, gpt-oss's fp8 decode calls read 5.5-6.0% faster per byte
+with 256-byte rows: docs/decisions.md). `dequantize` and the checkpoint writers drop it. Weights
+with FP8 activations keep unpadded rows where the padding would take the values past
+AS_LOADED_MAX_BYTES (gpt-oss's gate_up at E = 128: 2.12 -> 2.26 GB): past it the kernel reads them
+as uint16 byte pairs (`kernels.gmm_quant`, Offsets) and multiplies in float16, where the FP8 tensor
+cores take the tiles as loaded, one byte an element.
+
 `dtype` is the weight's logical dtype (what `dequantize_experts` returns and what it must match
 in `moe_experts`, x's dtype); `astype` changes only it. The stored values never become a bf16
 copy on the device in the Pallas forward (`moe_pallas.kernels.gmm_quant` converts them on chip),
@@ -83,6 +96,13 @@ MX_SMALL_CODE = 128
 QUANTIZE_CHUNK = 8
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
 _WEIGHT_NAMES = ("w_gate_up", "w_down")
+# fp8 values' rows are padded to a multiple of ROW_PITCH bytes where that adds at most
+# PITCH_MAX_OVERHEAD of a row (module docstring, Row pitch).
+ROW_PITCH = 256
+PITCH_MAX_OVERHEAD = 1 / 8
+# The largest fp8 values whose byte offsets fit int32 (`kernels.gmm_quant`, Offsets): FP8
+# activations' weights are not padded past it (module docstring, Row pitch).
+AS_LOADED_MAX_BYTES = 2**31
 
 
 @jax.tree_util.register_dataclass
@@ -99,7 +119,8 @@ class QuantizedWeight:
     on larger codes gives wrong weights (`moe_pallas.debug_checks` catches that).
     fp8_activations (static, "fp8" and "fp8_block"): products with this weight quantise their
     activations to e4m3 per row and 128 values of K and run on the FP8 tensor cores (module
-    docstring)."""
+    docstring). k (static, "fp8" and "fp8_block"): the logical K where the values' rows are
+    padded past it (module docstring, Row pitch; `with_row_pitch`), None where they are not."""
 
     values: jax.Array
     scales: jax.Array
@@ -107,6 +128,7 @@ class QuantizedWeight:
     dtype: jnp.dtype = dataclasses.field(metadata={"static": True})
     small_scales: bool = dataclasses.field(default=False, metadata={"static": True})
     fp8_activations: bool = dataclasses.field(default=False, metadata={"static": True})
+    k: int | None = dataclasses.field(default=None, metadata={"static": True})
 
     def __post_init__(self):
         if self.fp8_activations and self.fmt not in ("fp8", "fp8_block"):
@@ -114,11 +136,14 @@ class QuantizedWeight:
                 f"fp8_activations needs 'fp8' or 'fp8_block' weights (the FP8 tensor cores take "
                 f"e4m3 operands), got fmt={self.fmt!r}."
             )
+        if self.k is not None and self.fmt not in ("fp8", "fp8_block"):
+            raise ValueError(f"k (padded rows) applies to 'fp8' and 'fp8_block', not {self.fmt!r}.")
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        e, n, k = self.values.shape
-        return (e, 2 * k if self.fmt == "mxfp4" else k, n)
+        e, n, row = self.values.shape
+        k = self.k if self.k is not None else row
+        return (e, 2 * row if self.fmt == "mxfp4" else k, n)
 
     @property
     def ndim(self) -> int:
@@ -148,6 +173,42 @@ class QuantizedWeight:
 
 def is_quantized(w) -> bool:
     return isinstance(w, QuantizedWeight)
+
+
+def with_row_pitch(w: QuantizedWeight) -> QuantizedWeight:
+    """w with its fp8 values' rows padded with zeros to a multiple of ROW_PITCH bytes and `k`
+    set (module docstring, Row pitch); w unchanged where that would add more than
+    PITCH_MAX_OVERHEAD of a row or, with FP8 activations, take the values past
+    AS_LOADED_MAX_BYTES, where its rows are whole or padded already, or in "mxfp4"."""
+    e, n, k = w.values.shape
+    if w.fmt == "mxfp4" or w.k is not None or row_pitch(k) == k:
+        return w
+    if w.fp8_activations and not _pitch_keeps_offsets(e, n, k):
+        return w
+    values = jnp.pad(w.values, ((0, 0), (0, 0), (0, row_pitch(k) - k)))
+    return dataclasses.replace(w, values=values, k=k)
+
+
+def _pitch_keeps_offsets(e: int, n: int, k: int) -> bool:
+    """Whether padding [e, n, k] fp8 values' rows leaves them on the same side of
+    AS_LOADED_MAX_BYTES."""
+    return e * n * row_pitch(k) <= AS_LOADED_MAX_BYTES or e * n * k > AS_LOADED_MAX_BYTES
+
+
+def _with_fp8_activations(w: QuantizedWeight, enable: bool) -> QuantizedWeight:
+    """w with `fp8_activations` set to enable, its rows padded or cut back as the setting wants
+    (module docstring, Row pitch)."""
+    w = dataclasses.replace(w, fp8_activations=enable)
+    e, n, _ = w.values.shape
+    if enable and w.k is not None and not _pitch_keeps_offsets(e, n, w.k):
+        return dataclasses.replace(w, values=w.values[:, :, : w.k], k=None)
+    return with_row_pitch(w)
+
+
+def row_pitch(k: int) -> int:
+    """The stored row length of fp8 values of K = k (module docstring, Row pitch)."""
+    pitch = -(-k // ROW_PITCH) * ROW_PITCH
+    return pitch if pitch - k <= PITCH_MAX_OVERHEAD * k else k
 
 
 def with_scale_bound(w: QuantizedWeight) -> QuantizedWeight:
@@ -215,7 +276,7 @@ def mxfp4_codes(values):
 @functools.partial(jax.jit, static_argnames="dtype")
 def _dequantize(qw: QuantizedWeight, dtype) -> jax.Array:
     if qw.fmt in ("fp8", "fp8_block"):
-        values = jnp.swapaxes(qw.values, 1, 2).astype(jnp.float32)  # [E, K, N]
+        values = jnp.swapaxes(qw.values[:, :, : qw.shape[1]], 1, 2).astype(jnp.float32)  # [E, K, N]
         _, k, n = values.shape
         if qw.fmt == "fp8":
             w = values * qw.scales.astype(jnp.float32)[:, None, :]
@@ -233,8 +294,11 @@ def _dequantize(qw: QuantizedWeight, dtype) -> jax.Array:
 
 
 def _fp8_values(w, scale):
-    """[E, K, N] weights over their scales -> e4m3 values stored N-major, [E, N, K]."""
+    """[E, K, N] weights over their scales -> e4m3 values stored N-major, [E, N, row_pitch(K)]
+    (zeros past K)."""
     q = jnp.clip(w / scale, -FP8_MAX, FP8_MAX)
+    k = w.shape[1]
+    q = jnp.pad(q, ((0, 0), (0, row_pitch(k) - k), (0, 0)))
     return jnp.swapaxes(q.astype(jnp.float8_e4m3fn), 1, 2)
 
 
@@ -302,7 +366,9 @@ def _quantize(w, fmt):
     values, scales = jax.lax.map(
         functools.partial(_quantize_one, fmt=fmt), w, batch_size=min(QUANTIZE_CHUNK, w.shape[0])
     )
-    return QuantizedWeight(values, scales, fmt, w.dtype)
+    k = w.shape[1]
+    padded = fmt != "mxfp4" and row_pitch(k) != k  # (padded per expert, in `_quantize_one`)
+    return QuantizedWeight(values, scales, fmt, w.dtype, k=k if padded else None)
 
 
 def _quantize_one(w, fmt):
@@ -347,7 +413,8 @@ def use_fp8_activations(qparams: Mapping, enable: bool = True) -> dict:
     """qparams with every `QuantizedWeight`'s `fp8_activations` set to `enable` (e.g. on
     checkpoint weights from `load_experts(..., dequantize=False)`); to enable it each must be
     "fp8" or "fp8_block", and `w_gate_up` and `w_down` must be quantised (a ValueError names a
-    dense one rather than leave its products in bf16)."""
+    dense one rather than leave its products in bf16). Rows are padded or cut back as the
+    setting wants (module docstring, Row pitch): a copy of the values where that changes."""
     dense = [k for k in _WEIGHT_NAMES if k in qparams and not is_quantized(qparams[k])]
     if enable and dense:
         raise ValueError(
@@ -356,7 +423,7 @@ def use_fp8_activations(qparams: Mapping, enable: bool = True) -> dict:
             "them as stored (load_experts(..., dequantize=False))."
         )
     return {
-        k: dataclasses.replace(v, fp8_activations=enable) if is_quantized(v) else v
+        k: _with_fp8_activations(v, enable) if is_quantized(v) else v
         for k, v in dict(qparams).items()
     }
 

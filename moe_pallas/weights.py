@@ -230,9 +230,10 @@ def _fp8_dense(weight, scale, dtype):
 
 def _stack_fp8(parts, inter, dtype, fp8) -> quant.QuantizedWeight:
     """Per expert the ([out, in] values, [out/128, in/128] factors) of each part (gate and up, or
-    down) in `quant`'s "fp8_block" layout: values as stored, [E, N, K], factors transposed,
-    [E, K/128, N/128], the parts concatenated along N; where I is not a multiple of 128, the up
-    half's columns start inside a block, and the factors are stored per column, [E, K/128, N]."""
+    down) in `quant`'s "fp8_block" layout: values as stored, [E, N, K] (rows padded to
+    `quant.row_pitch`), factors transposed, [E, K/128, N/128], the parts concatenated along N;
+    where I is not a multiple of 128, the up half's columns start inside a block, and the
+    factors are stored per column, [E, K/128, N]."""
     if not all(fp8):
         raise ValueError(
             "an expert mixes FP8 and float weights; pass dequantize=True to load it dense."
@@ -245,7 +246,9 @@ def _stack_fp8(parts, inter, dtype, fp8) -> quant.QuantizedWeight:
 
     values = jnp.stack([jnp.concatenate([v for v, _ in expert], axis=0) for expert in parts])
     scales = jnp.stack([jnp.concatenate([columns(*p) for p in expert], axis=1) for expert in parts])
-    return quant.QuantizedWeight(values, scales, "fp8_block", jnp.dtype(dtype))
+    return quant.with_row_pitch(
+        quant.QuantizedWeight(values, scales, "fp8_block", jnp.dtype(dtype))
+    )
 
 
 def _load_per_expert(tensors, prefix, quantised_dtype, dequantize=True):
@@ -469,7 +472,7 @@ def _fp8_checkpoint(stored, prefix):
     tensors = {}
     for proj, (name, c0, width) in projections.items():
         w = stored[name]
-        values = w.values[:, c0 : c0 + width]  # [E, out, in]
+        values = w.values[:, c0 : c0 + width, : w.shape[1]]  # [E, out, in], no row padding
         columns = w.scales
         if columns.shape[2] != w.shape[2]:  # block form: each column's block's factor
             columns = jnp.repeat(columns, _FP8_BLOCK, axis=2)[:, :, : w.shape[2]]

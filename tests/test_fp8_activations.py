@@ -264,19 +264,17 @@ def test_fp8_activations_errors():
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_block"])
 def test_fp8_activations_layer_lowers_for_the_h200(fmt):
     """gpt-oss's block at full size with fp8_activations weights (forward and its backward) lowers
-    to Triton calls for the H200, the gmm's dots fp8 ones."""
+    to Triton calls for the H200, the weights in the layout `quantize_experts` gives them: gate_up
+    with unpadded rows (padded, its values would pass 2^31 bytes), down padded to 3072."""
     hidden, inter, experts, top_k = 2880, 2880, 128, 4
-    k_blocks = -(-hidden // 128)
-
-    def weight(k, n):
-        scales = SDS(
-            (experts, n) if fmt == "fp8" else (experts, k_blocks, -(-n // 128)), jnp.float32
-        )
-        return quant.QuantizedWeight(
-            SDS((experts, n, k), jnp.float8_e4m3fn), scales, fmt, jnp.bfloat16, False, True
-        )
-
-    params = {"w_gate_up": weight(hidden, 2 * inter), "w_down": weight(inter, hidden)}
+    dense = {
+        "w_gate_up": SDS((experts, hidden, 2 * inter), jnp.bfloat16),
+        "w_down": SDS((experts, inter, hidden), jnp.bfloat16),
+    }
+    params = jax.eval_shape(lambda d: quant.quantize_experts(d, fmt, fp8_activations=True), dense)
+    assert params["w_gate_up"].values.shape == (experts, 2 * inter, hidden)
+    assert params["w_down"].values.shape == (experts, hidden, 3072)
+    assert params["w_down"].shape == (experts, inter, hidden)
 
     def loss(x, idx, wts, params):
         out = moe_pallas.moe_experts(

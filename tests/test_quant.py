@@ -221,6 +221,106 @@ def _epilogue_case(fmt, activation, k, n, sizes, m, *, per_column=False, fp8_act
     return run
 
 
+def test_fp8_rows_padded_to_the_row_pitch():
+    """fp8 values' rows are stored padded with zeros to a multiple of 256 bytes where that adds at
+    most an eighth of a row (gpt-oss's 2880 -> 3072; 192 and 136 stay), `k` keeping K: the
+    logical shape, the decode and every other format unchanged."""
+    rows = {k: quant.row_pitch(k) for k in (64, 136, 192, 480, 1000, 2048, 2880, 4096)}
+    assert rows == {64: 64, 136: 136, 192: 192, 480: 512, 1000: 1024, 2048: 2048, 2880: 3072,
+                    4096: 4096}  # fmt: skip
+    rng = np.random.default_rng()
+    w = jnp.asarray(rng.standard_normal((3, 480, 40)), jnp.bfloat16)
+    for fmt in ("fp8", "fp8_block"):
+        qw = quant.quantize_weight(w, fmt)
+        assert qw.values.shape == (3, 40, 512) and qw.k == 480 and qw.shape == (3, 480, 40)
+        np.testing.assert_array_equal(np.asarray(qw.values[:, :, 480:], np.float32), 0)
+        plain = dataclasses.replace(qw, values=qw.values[:, :, :480], k=None)
+        assert plain.shape == qw.shape
+        np.testing.assert_array_equal(qw.dequantize(jnp.float32), plain.dequantize(jnp.float32))
+        assert quant.with_row_pitch(plain).values.shape == qw.values.shape
+        assert quant.with_row_pitch(qw) is qw
+        assert rel_err(qw.dequantize(jnp.float32), w) < 0.07
+    mx = quant.quantize_weight(jnp.ones((1, 2880, 8), jnp.bfloat16), "mxfp4")
+    assert mx.k is None and mx.values.shape == (1, 8, 1440)
+    with pytest.raises(ValueError, match="k .padded rows. applies to 'fp8' and 'fp8_block'"):
+        dataclasses.replace(mx, k=2880)
+
+
+def test_fp8_activations_keep_rows_unpadded_past_the_offset_limit(monkeypatch):
+    """Weights with FP8 activations keep unpadded rows where the padding would take the values
+    past AS_LOADED_MAX_BYTES (the byte-pair view: float16 dots, not the tiles as loaded); the
+    setting's switch pads or cuts the rows back, and weights that stay under it keep their
+    padding."""
+    w = jnp.asarray(np.random.default_rng().standard_normal((3, 480, 40)), jnp.bfloat16)
+    padded = quant.quantize_weight(w, "fp8")
+    monkeypatch.setattr(quant, "AS_LOADED_MAX_BYTES", 3 * 40 * 500)  # 480 fits, 512 does not
+    on = quant.use_fp8_activations({"w_gate_up": padded, "w_down": padded})
+    for qw in on.values():
+        assert qw.fp8_activations and qw.k is None and qw.values.shape == (3, 40, 480)
+        np.testing.assert_array_equal(qw.dequantize(jnp.float32), padded.dequantize(jnp.float32))
+    assert quant.with_row_pitch(on["w_down"]) is on["w_down"]
+    off = quant.use_fp8_activations(on, False)["w_down"]
+    assert not off.fp8_activations and off.k == 480 and off.values.shape == (3, 40, 512)
+    quantised = quant.quantize_experts({"w_gate_up": w, "w_down": w}, "fp8", fp8_activations=True)
+    assert quantised["w_down"].values.shape == (3, 40, 480)
+    monkeypatch.setattr(quant, "AS_LOADED_MAX_BYTES", 3 * 40 * 512)
+    assert quant.use_fp8_activations({"w_gate_up": padded, "w_down": padded})["w_down"].k == 480
+
+
+def _poisoned_padding(qw):
+    """qw, its rows' padding NaN: a product that read it would be NaN."""
+    k = qw.shape[1]
+    return dataclasses.replace(qw, values=qw.values.at[:, :, k:].set(jnp.nan))
+
+
+@pytest.mark.parametrize(
+    "fmt,activation,block_m,weights_first,fp8_activations",
+    [
+        ("fp8", "gptoss", 16, False, False),  # byte pairs (decode tiles)
+        ("fp8_block", None, 16, False, False),
+        ("fp8", None, 64, False, False),  # bytes, a masked K tail
+        ("fp8", "swiglu", 64, True, False),  # weights first: byte pairs
+        ("fp8_block", "gptoss", 64, True, False),
+        ("fp8", "gptoss", 64, False, True),  # fp8 dots on the tiles as loaded, a K tail step
+        ("fp8_block", None, 64, False, True),
+        ("fp8", None, 16, False, True),  # FP8 activations' decode tiles: byte pairs
+    ],
+)
+def test_padded_rows_are_never_read(fmt, activation, block_m, weights_first, fp8_activations):
+    """gmm_quant on K = 480 (3 steps of 128 and a 96-deep tail; rows padded to 512) with NaN
+    padding equals gmm_quant on the same values unpadded, bit for bit, on every path that reads
+    fp8 values (byte pairs, bytes, weights first, FP8 activations as loaded and as pairs), as does
+    gmm_quant_t, the backward's product, on both fp8 formats."""
+    rng = np.random.default_rng()
+    k, n, sizes = 480, 96, [70, 0, 1, 33]
+    w = jnp.asarray(rng.standard_normal((len(sizes), k, n)) / np.sqrt(k), jnp.bfloat16)
+    qw = quant.quantize_weight(w, fmt)
+    assert qw.values.shape[2] == 512
+    plain = dataclasses.replace(qw, values=qw.values[:, :, :k], k=None)
+    x = jnp.asarray(rng.standard_normal((110, k)), jnp.bfloat16)
+    lhs, extra = x, {}
+    if fp8_activations:
+        lhs, lhs_scales = quant.quantize_rows(x)
+        extra = {"lhs_scales": lhs_scales, "out_dtype": jnp.bfloat16}
+    cfg = BlockConfig(
+        block_m=block_m, block_n=32, block_k=128, min_block_m=16, weights_first=weights_first
+    )
+    group_sizes = jnp.asarray(sizes, jnp.int32)
+    bias = jnp.asarray(rng.standard_normal((len(sizes), n)), jnp.float32)
+    run = lambda w: gmm_quant(
+        lhs, w, group_sizes, bias=bias, activation=activation, config=cfg, **extra
+    )
+    got, want = run(_poisoned_padding(qw)), run(plain)
+    assert np.isfinite(np.asarray(got, np.float32)).all()
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+    if block_m == 64 and not fp8_activations:
+        dy = jnp.asarray(rng.standard_normal((110, n)), jnp.bfloat16)
+        run_t = lambda w: gmm_quant_t(dy, w, group_sizes, out_dtype=jnp.float32, config=cfg)
+        got_t = run_t(_poisoned_padding(qw))
+        assert got_t.shape == (110, k) and np.isfinite(got_t).all()
+        np.testing.assert_array_equal(got_t, run_t(plain))
+
+
 def test_mxfp4_small_scales_one_multiply():
     """mxfp4 weights whose scale codes are all at most 128 are marked `small_scales` by
     quantize_weight and load_experts where the scales are concrete (not under jit), and not when

@@ -514,7 +514,8 @@ def test_export_experts_writes_quantised_weights_as_stored(tmp_path):
     """Stored weights out to their layout's checkpoint form and back, bit for bit: gpt-oss MXFP4
     (blocks, scales, float32 biases) and per-expert FP8 with I = 136 (the loader's per-column
     factors) give back the very tensors loaded, also through a safetensors file; a SwiGLU
-    weight from quantize_experts("fp8_block") with I = 128 loads back to the same weights; an
+    weight from quantize_experts("fp8_block") with I = 128 and H = 480 (rows stored padded to
+    512 bytes, written without the padding) loads back to the same weights; an
     up half starting inside a 128-column block, a format the layout does not hold, and FP8
     beside a dense weight are refused by name."""
     from moe_pallas import quant
@@ -544,23 +545,31 @@ def test_export_experts_writes_quantised_weights_as_stored(tmp_path):
                 np.testing.assert_array_equal(again[name].scales, w.scales)
 
     dense = {
-        "w_gate_up": jnp.asarray(rng.standard_normal((2, 256, 256)) / 16, jnp.bfloat16),
-        "w_down": jnp.asarray(rng.standard_normal((2, 128, 256)) / 16, jnp.bfloat16),
+        "w_gate_up": jnp.asarray(rng.standard_normal((2, 480, 256)) / 16, jnp.bfloat16),
+        "w_down": jnp.asarray(rng.standard_normal((2, 128, 480)) / 16, jnp.bfloat16),
     }
     qparams = moe_pallas.quantize_experts(dense, "fp8_block")
-    loaded = load_experts(
-        moe_pallas.export_experts(qparams, "per_expert"), "per_expert", dequantize=False
-    )
+    assert qparams["w_gate_up"].values.shape == (2, 256, 512)
+    exported = moe_pallas.export_experts(qparams, "per_expert")
+    assert exported["0.gate_proj.weight"].shape == (128, 480)
+    loaded = load_experts(exported, "per_expert", dequantize=False)
     for name in ("w_gate_up", "w_down"):
+        assert loaded[name].values.shape == qparams[name].values.shape
+        assert loaded[name].shape == qparams[name].shape
         np.testing.assert_array_equal(loaded[name].dequantize(), qparams[name].dequantize())
 
     straddling = moe_pallas.quantize_experts(
-        {"w_gate_up": dense["w_gate_up"][:, :, : 272 - 16], "w_down": dense["w_down"][:, :120]},
+        {"w_gate_up": dense["w_gate_up"][:, :, :256], "w_down": dense["w_down"][:, :120]},
         "fp8_block",
     )
     with pytest.raises(ValueError, match="up_proj columns do not share one factor"):
         moe_pallas.export_experts(straddling, "per_expert")
     with pytest.raises(ValueError, match="'mxfp4', which 'per_expert' checkpoints do not hold"):
-        moe_pallas.export_experts(moe_pallas.quantize_experts(dense, "mxfp4"), "per_expert")
+        moe_pallas.export_experts(
+            moe_pallas.quantize_experts(
+                {**dense, "w_gate_up": dense["w_gate_up"][:, :448]}, "mxfp4"
+            ),
+            "per_expert",
+        )
     with pytest.raises(ValueError, match="both weights in FP8 or neither"):
         moe_pallas.export_experts({**dense, "w_down": qparams["w_down"]}, "per_expert")

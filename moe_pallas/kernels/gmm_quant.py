@@ -95,29 +95,30 @@ mxfp4 64 x 128 x 64 259 / 290 (BAR.SYNC 5 / 12, STS.128 0 / 8), 128 x 128 x 64 a
 small- and large-class entry: the layer at 64 rows per expert ran 6-18% faster with it (fp8,
 fp8_block and mxfp4, both workloads), and at 256-512 rows up to 21% (within 1% where it gained
 nothing: SwiGLU-256's fp8 at 256 rows).
-Values are stored N-major ([E, N, K], mxfp4
-[E, N, K/2]; `moe_pallas.quant`): a tile is [block_n, K depth] bytes with K contiguous, fed to
-the dot as its transposed second operand, so the 16-row tensor-core fragment reads 4 bytes of K
-per shared-memory load where a [K, N] layout read each byte alone. fp8 is loaded as bytes (a masked
-fp8 load's fill value does not lower in Triton 3.6) and bitcast in registers; e2m1 decodes by bit
-placement (`e2m1`) on the integer and bf16x2 pipes (sm_90 has no e2m1 conversion instruction).
+Values are stored N-major ([E, N, P], P >= K: rows padded to `quant.row_pitch`, whose padding no
+load reaches, K being the masks' bound; mxfp4 [E, N, K/2]; `moe_pallas.quant`): a tile is
+[block_n, K depth] bytes with K contiguous, fed to the dot as its transposed second operand, so
+the 16-row tensor-core fragment reads 4 bytes of K per shared-memory load where a [K, N] layout
+read each byte alone. fp8 is loaded as bytes (a masked fp8 load's fill value does not lower in
+Triton 3.6) and bitcast in registers; e2m1 decodes by bit placement (`e2m1`) on the integer and
+bf16x2 pipes (sm_90 has no e2m1 conversion instruction).
 
-Offsets. Pallas addresses an array in int32 element offsets unless it spans more than 2^32
-bytes, so a byte array of more than 2^31 elements, up to 2^32 (fp8 SwiGLU-256 gate_up,
-[256, 4096, 4096]), would overflow them. Such fp8 values are read as uint16 [E, N, K/2] byte
-pairs along K (half the elements, the same bytes), as are those of every call of tiles up to
-PAIRED_MAX_ROWS rows whose K is a multiple of 4 (decode sizes: fewer instructions a value), two
-pairs to a 32-bit register: a word of 4 bytes holds k = 4m..4m+3, its first pair (k = 4m, 4m+1)
-one half-depth dot's operand, its second (4m+2, 4m+3) the other's, against x's columns reordered
-once per call (`_word_x_order`: each 4m, 4m+1, then each 4m+2, 4m+3), so that both x tiles are
-contiguous loads (a pair offset written as a product, i · bk/2: Triton proves its alignment, and
-vectorises and pipelines the loads, where k0 // 2 left them scalar). Each pair decodes by one
-hardware conversion of its register half (`_e4m3_pair_f16`, inline PTX) in the dot operand's
-registers after the shared-memory load: the 16-row fragment's 2 K values are one pair, so no
-byte moves. Offline SASS of the K loop at [256, 4096, 4096], instructions a thread, words / a
-pair's bytes split over the two dots (even k against odd) / unpaired bytes (at [128, 4096,
-4096]): 16 x 64 x 128 113 / 144 / 171, its SwiGLU GLU 178 / 242 / 310, 64 x 128 x 64 153 / 185 /
-141, 128 x 128 x 64 at 8 warps 126 / 142 / 113. Past 2^31 bytes K must be a multiple of 4.
+Offsets. Pallas addresses an array in int32 element offsets unless it spans more than 2^32 bytes, so
+a byte array of more than 2^31 elements, up to 2^32 (fp8 SwiGLU-256 gate_up, [256, 4096, 4096];
+gpt-oss's, [128, 5760, 3072] with its rows padded), would overflow them. Such fp8 values are read as
+uint16 [E, N, K/2] byte pairs along K (half the elements, the same bytes), as are those of every
+call of tiles up to PAIRED_MAX_ROWS rows whose K is a multiple of 4 (decode sizes: fewer
+instructions a value), two pairs to a 32-bit register: a word of 4 bytes holds k = 4m..4m+3, its
+first pair (k = 4m, 4m+1) one half-depth dot's operand, its second (4m+2, 4m+3) the other's, against
+x's columns reordered once per call (`_word_x_order`: each 4m, 4m+1, then each 4m+2, 4m+3), so that
+both x tiles are contiguous loads (a pair offset written as a product, i · bk/2: Triton proves its
+alignment, and vectorises and pipelines the loads, where k0 // 2 left them scalar). Each pair
+decodes by one hardware conversion of its register half (`_e4m3_pair_f16`, inline PTX) in the dot
+operand's registers after the shared-memory load: the 16-row fragment's 2 K values are one pair, so
+no byte moves. Offline SASS of the K loop at [256, 4096, 4096], instructions a thread, words / a
+pair's bytes split over the two dots (even k against odd) / unpaired bytes (at [128, 4096, 4096]):
+16 x 64 x 128 113 / 144 / 171, its SwiGLU GLU 178 / 242 / 310, 64 x 128 x 64 153 / 185 / 141, 128 x
+128 x 64 at 8 warps 126 / 142 / 113. Past 2^31 bytes K must be a multiple of 4.
 """
 
 import dataclasses
@@ -423,8 +424,8 @@ def _kernel(
         )
 
     def load_values(c0, width, valid, k0, depth, k_mask=None):
-        """A weight tile of the N-major values [E, N, K] (mxfp4: [E, N, K/4] uint16 byte pairs;
-        fp8's paired view: [E, N, K/2] uint16): [width, depth] from column c0 and K index k0
+        """A weight tile of the N-major values [E, N, P] (mxfp4: [E, N, K/4] uint16 byte pairs;
+        fp8's paired view: [E, N, P/2] uint16): [width, depth] from column c0 and K index k0
         (in the view's elements)."""
         c_mask = col_mask(width, valid)
         mask = _common.and_masks(

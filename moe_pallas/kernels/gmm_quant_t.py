@@ -1,13 +1,13 @@
 """Grouped matmul with a transposed quantised weight, converted on chip: Pallas Triton lowering.
 
-Math. out[m] = lhs[m] @ w[group(m)]ᵀ, w a `moe_pallas.quant.QuantizedWeight` of logical shape
-[G, K, N]: lhs [M, N], out [M, K], float32 accumulation, rows past the groups zero. It is the
-backward's product of an upstream gradient with the weight (dx = dh @ w_gate_upᵀ, and the GLU's
-input gradient through w_down), so its contraction runs over the weight's output columns n and
-its own output columns are the weight's K. The stored values ([G, N, K] fp8, [G, N, K/2] mxfp4:
-N-major, `moe_pallas.quant`) are then a [contraction, output] matrix per group, row-major: the
-layout a plain (untransposed) matmul reads. Each format's scale goes where it stays exact or
-costs least:
+Math. out[m] = lhs[m] @ w[group(m)]ᵀ, w a `moe_pallas.quant.QuantizedWeight` of logical shape [G, K,
+N]: lhs [M, N], out [M, K], float32 accumulation, rows past the groups zero. It is the backward's
+product of an upstream gradient with the weight (dx = dh @ w_gate_upᵀ, and the GLU's input gradient
+through w_down), so its contraction runs over the weight's output columns n and its own output
+columns are the weight's K. The stored values ([G, N, P] fp8, rows padded past K to
+`quant.row_pitch` and read up to K; [G, N, K/2] mxfp4: N-major, `moe_pallas.quant`) are then a
+[contraction, output] matrix per group, row-major: the layout a plain (untransposed) matmul reads.
+Each format's scale goes where it stays exact or costs least:
   - "fp8": e4m3 converts exactly to float16; the scale s[g, n] runs along the contraction, so it
     multiplies lhs before the kernel, once per call in float32: lhs'[m, n] = lhs[m, n] ·
     s[g(m), n], then lhs' enters as float16 times a power of two per row
