@@ -5,7 +5,8 @@ K = 2880). Weights-only fp8 and fp8_block at T = 1 / 16 / 64 / 256 / 2048, FP8 a
 at T = 2048 / 8192. gpt-oss gate_up padded passes 2^31 bytes (128 x 5760 x 3072), which puts it
 in the byte-pair view (Offsets): FP8 activations lose the as-loaded fp8 dots there. Outputs are
 checked bitwise equal. Medians of 3 alternating rounds, ms.
-Usage: python .probe/pitch_ab.py OUT.json [--small]"""
+The padded weights are quant.quantize_weight's own (Row pitch), the unpadded their rows cut.
+Usage: python .probe/pitch_ab.py OUT.json [--small] [--short]"""
 import dataclasses, json, sys
 import jax, jax.numpy as jnp
 from moe_pallas import dispatch, quant
@@ -14,27 +15,13 @@ from moe_pallas.kernels.gmm_quant import gmm_quant
 from benchmarks.bench_gmm import time_op
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Pitched(quant.QuantizedWeight):
-    k: int = dataclasses.field(default=0, metadata={"static": True})
-
-    @property
-    def shape(self):
-        e, n, _ = self.values.shape
-        return (e, self.k, n)
-
-
-def pitched(w, pitch):
-    e, n, k = w.values.shape
-    p = -(-k // pitch) * pitch
-    v = jnp.pad(w.values, ((0, 0), (0, 0), (0, p - k)))
-    return Pitched(v, w.scales, w.fmt, w.dtype, w.small_scales, w.fp8_activations, k=k)
+def unpadded(w):
+    """The product's padded weight (quant's Row pitch) with its rows cut back to K."""
+    return dataclasses.replace(w, values=w.values[:, :, : w.shape[1]], k=None)
 
 
 small = "--small" in sys.argv
-E, H, I, TOPK = (8, 96, 96, 2) if small else (128, 2880, 2880, 4)
-PITCH = 64 if small else 256
+E, H, I, TOPK = (8, 480, 480, 2) if small else (128, 2880, 2880, 4)
 key = jax.random.key(0)
 w_gu = jax.random.normal(key, (E, H, 2 * I), jnp.bfloat16) * 0.02
 w_d = jax.random.normal(jax.random.fold_in(key, 1), (E, I, H), jnp.bfloat16) * 0.02
@@ -42,9 +29,13 @@ b_gu = 0.1 * jax.random.normal(jax.random.fold_in(key, 2), (E, 2 * I), jnp.bfloa
 b_d = 0.1 * jax.random.normal(jax.random.fold_in(key, 3), (E, H), jnp.bfloat16)
 cases = [(f, T, False) for f in ("fp8", "fp8_block") for T in ((1, 16) if small else (1, 16, 64, 256, 2048))]
 cases += [("fp8", T, True) for T in ((64,) if small else (2048, 8192))]
+if "--short" in sys.argv:  # fp8 decode and one FP8-activation case
+    cases = [c for c in cases if c[0] == "fp8" and c[1] in (16, 64, 256, 8192)]
 rows = []
 for fmt, T, a8 in cases:
-    qgu0, qd0 = quant.quantize_weight(w_gu, fmt), quant.quantize_weight(w_d, fmt)
+    qgu, qd = quant.quantize_weight(w_gu, fmt), quant.quantize_weight(w_d, fmt)
+    assert qgu.k == H and qd.k == I, (qgu.k, qd.k)
+    qgu0, qd0 = unpadded(qgu), unpadded(qd)
     idx = jax.random.randint(jax.random.fold_in(key, T), (T, TOPK), 0, E, jnp.int32)
     d = dispatch.dispatch(idx, E)
     x = jax.random.normal(jax.random.fold_in(key, 7), (T, H), jnp.bfloat16)
@@ -67,7 +58,7 @@ for fmt, T, a8 in cases:
             x, w, s, lhs_row_index=r, bias=b_gu, activation="gptoss", config=c)
         down = lambda a, w, s, rw, c=cfg_d: gmm_quant(a, w, s, bias=b_d, row_scale=rw, config=c)
         xin, ain = x, a
-    variants = {"rows2880": (qgu0, qd0), "pitch": (pitched(qgu0, PITCH), pitched(qd0, PITCH))}
+    variants = {"rows2880": (qgu0, qd0), "pitch": (qgu, qd)}
     same = True
     outs = {}
     for n, (qgu, qd) in variants.items():
