@@ -196,16 +196,23 @@ def _qarray_decode(qvalue, scale):
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_block", "mxfp4"])
 def test_qarray_parts_decode_to_the_dequantised_weight(fmt):
-    """tokamax's quantised peer gets the weight our format stores, exactly (float32 scales)."""
+    """tokamax's quantised peer gets the weight our format stores, exactly (float32 scales); fp8
+    at K = 1920, whose rows are stored padded to 2048 bytes (`quant.row_pitch`), which neither
+    the QArray nor the weight-read floor counts."""
     from moe_pallas import quant
 
     rng = np.random.default_rng()
-    k, n = (256, 384) if fmt == "fp8_block" else (int(rng.integers(1, 4)) * 64, 40)
+    k, n = (1920, 384) if fmt == "fp8_block" else (1920, 40)
+    if fmt == "mxfp4":
+        k = int(rng.integers(1, 4)) * 64
     w = jnp.asarray(rng.standard_normal((3, k, n)) * rng.uniform(1e-3, 10), jnp.float32)
     qw = quant.quantize_weight(w, fmt)
     qvalue, scale = impls.qarray_parts(qw, jnp.float32)
     assert qvalue.shape == (3, k, n) and scale.shape[2] == n
     np.testing.assert_array_equal(_qarray_decode(qvalue, scale), qw.dequantize(jnp.float32))
+    if fmt != "mxfp4":
+        assert qw.values.shape == (3, n, 2048)
+        assert impls._bytes_read(qw) == 3 * n * k + qw.scales.nbytes
     if fmt == "fp8_block":  # block scales that do not tile K and N in 128s have no QArray form
         with pytest.raises(impls.Skip, match="multiples of 128"):
             impls.qarray_parts(quant.quantize_weight(w[:, :200], fmt), jnp.float32)
