@@ -237,8 +237,8 @@ def performance_page(results: Path, performance: Path) -> str:
             "Milliseconds (% SOL, ratio to the case's cuBLAS line); `+fp8`, `+fp8_block`, "
             "`+mxfp4`: the expert weights stored in that format (`+fp8_a8`, `+fp8_block_a8`: "
             "with FP8 activations too), milliseconds (our bf16 layer's time over this one, time "
-            "over the weight-read floor: the hit experts' stored bytes at the read bandwidth "
-            "measured in the run); —: not timed, see below."
+            "over the weight-read floor: the hit experts' stored bytes, fp8 rows' padding "
+            "excluded, at the read bandwidth measured in the run); —: not timed, see below."
         ),
         "",
     ]
