@@ -83,6 +83,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moe_pallas.kernels.gmm_quant import PAIRED_MIN_ELEMENTS
 from moe_pallas.kernels.mx_words import mxfp4_pack, mxfp4_unpack
 
 FORMATS: tuple[str, ...] = ("fp8", "fp8_block", "mxfp4")
@@ -100,9 +101,9 @@ _WEIGHT_NAMES = ("w_gate_up", "w_down")
 # PITCH_MAX_OVERHEAD of a row (module docstring, Row pitch).
 ROW_PITCH = 256
 PITCH_MAX_OVERHEAD = 1 / 8
-# The largest fp8 values whose byte offsets fit int32 (`kernels.gmm_quant`, Offsets): FP8
-# activations' weights are not padded past it (module docstring, Row pitch).
-AS_LOADED_MAX_BYTES = 2**31
+# The largest fp8 values the kernel reads as bytes, not byte pairs (`kernels.gmm_quant`, Offsets):
+# FP8 activations' weights are not padded past it (module docstring, Row pitch).
+AS_LOADED_MAX_BYTES = PAIRED_MIN_ELEMENTS - 1
 
 
 @jax.tree_util.register_dataclass
