@@ -254,7 +254,7 @@ def qarray_parts(w: quant.QuantizedWeight, scale_dtype) -> tuple[jax.Array, jax.
     scale[e, k // tile_k, n]. tokamax's Hopper kernel takes scales that tile K only, so
     fp8_block's 128 x 128 block scales repeat along N (N and K must be multiples of 128 then) and
     mxfp4's codes unpack to float4_e2m1fn with 2^(e8m0 − 127) scales."""
-    values = w.values[:, :, : w.shape[1]] if w.fmt != "mxfp4" else w.values  # no row padding
+    values = w.unpadded_values
     if w.fmt == "fp8":
         return jnp.swapaxes(values, 1, 2), w.scales[:, None, :].astype(scale_dtype)
     if w.fmt == "fp8_block":

@@ -151,6 +151,11 @@ class QuantizedWeight:
         return 3
 
     @property
+    def unpadded_values(self) -> jax.Array:
+        """values with each row cut back to K where it is padded (module docstring, Row pitch)."""
+        return self.values if self.k is None else self.values[:, :, : self.k]
+
+    @property
     def element_dtype(self) -> jnp.dtype:
         """The stored values' element type (float8_e4m3fn or float4_e2m1fn): the dtype key of
         the quantised gmm's tuning-table entries."""
@@ -202,7 +207,7 @@ def _with_fp8_activations(w: QuantizedWeight, enable: bool) -> QuantizedWeight:
     w = dataclasses.replace(w, fp8_activations=enable)
     e, n, _ = w.values.shape
     if enable and w.k is not None and not _pitch_keeps_offsets(e, n, w.k):
-        return dataclasses.replace(w, values=w.values[:, :, : w.k], k=None)
+        return dataclasses.replace(w, values=w.unpadded_values, k=None)
     return with_row_pitch(w)
 
 
@@ -277,7 +282,7 @@ def mxfp4_codes(values):
 @functools.partial(jax.jit, static_argnames="dtype")
 def _dequantize(qw: QuantizedWeight, dtype) -> jax.Array:
     if qw.fmt in ("fp8", "fp8_block"):
-        values = jnp.swapaxes(qw.values[:, :, : qw.shape[1]], 1, 2).astype(jnp.float32)  # [E, K, N]
+        values = jnp.swapaxes(qw.unpadded_values, 1, 2).astype(jnp.float32)  # [E, K, N]
         _, k, n = values.shape
         if qw.fmt == "fp8":
             w = values * qw.scales.astype(jnp.float32)[:, None, :]
