@@ -26,9 +26,12 @@ The policy. `implementation=` names a policy, resolved once per call by `resolve
   and "cublas_slab" (one batched cuBLAS matmul over capacity slabs) for 16-bit weight gradients
   at more than 16 rows per group.
 Quantised weights (`moe_pallas.quant`): a gmm whose rhs is a `QuantizedWeight` carries its
-`weight_format` in the Problem; "pallas_triton" runs it (`kernels.gmm_quant`, the weights
-converted on chip), Mosaic GPU does not support it, so "auto" and "mosaic_gpu" give it to
-"pallas_triton" on a GPU; "xla" (and so "auto" off GPU) materialises the dense weight per call.
+`weight_format` (and `fp8_activations`) in the Problem; "pallas_triton" runs it
+(`kernels.gmm_quant`, the weights converted on chip); "mosaic_gpu" takes the FP8-activation
+products its FP8 x FP8 kernel tiles (`kernels.gmm_fp8_mgpu`: K and N multiples of 128, plain or
+SwiGLU), "auto" gives them to it where the table has a "gmm_a8" / "gmm_glu_a8" entry for
+"mosaic_gpu", and every other quantised call runs on "pallas_triton" on a GPU; "xla" (and so
+"auto" off GPU) materialises the dense weight per call.
 Products with a transposed quantised weight (the backward's dx and the GLU's input gradient) run
 `kernels.gmm_quant_t` on "pallas_triton" where it takes them (every format, but fp8_block's
 per-column scales and float32 lhs), and are dequantised per call otherwise (and every call on
@@ -68,6 +71,8 @@ class Problem(NamedTuple):
     gather: bool  # lhs read through a row index
     fused_epilogue: bool  # bias or row scale in the epilogue
     weight_format: str | None = None  # a `quant.QuantizedWeight`'s fmt (gmm's rhs), else None
+    fp8_activations: bool = False  # that weight's `fp8_activations` (e4m3 x e4m3 products)
+    activation: str | None = None  # a GLU's activation ("gmm_glu")
 
     @property
     def rows(self) -> str:
@@ -105,7 +110,7 @@ REGISTRY: dict[str, Backend] = {}
 # Backends "auto" may pick per op on a GPU, in order, before falling back to pallas_triton.
 AUTO_CANDIDATES: dict[str, tuple[str, ...]] = {
     "gmm": ("mosaic_gpu",),
-    "gmm_glu": (),
+    "gmm_glu": ("mosaic_gpu",),
     "gmm_t": ("mosaic_gpu",),
     "tgmm": ("cublas_slab",),
 }
@@ -147,17 +152,20 @@ def select(policy: str, problem: Problem) -> Backend:
         backend = get(name)
         takes = backend.auto_supports or backend.supports
         if backend.available() and takes(problem):
-            entry = tuning.lookup(
-                name,
-                problem.kernel,
-                dtype=problem.dtype or problem.dtypes[0],
-                k=problem.k,
-                n=problem.n,
-                rows=problem.rows,
-            )
-            if entry is not None:
+            kernel, dtype = table_key(problem)
+            if tuning.lookup(
+                name, kernel, dtype=dtype, k=problem.k, n=problem.n, rows=problem.rows
+            ):
                 return backend
     return get("pallas_triton")
+
+
+def table_key(problem: Problem) -> tuple[str, jnp.dtype]:
+    """(kernel, dtype) of the problem's tuning-table entries: an FP8-activation product's are its
+    own ("gmm_a8", "gmm_glu_a8", keyed by the stored float8_e4m3fn)."""
+    if problem.fp8_activations:
+        return f"{problem.kernel}_a8", jnp.dtype(problem.dtypes[1])
+    return problem.kernel, jnp.dtype(problem.dtype or problem.dtypes[0])
 
 
 def gmm(
@@ -198,6 +206,8 @@ def gmm(
         gather=lhs_row_index is not None,
         fused_epilogue=bias is not None or row_scale is not None,
         weight_format=weight_format,
+        fp8_activations=weight_format is not None and rhs.fp8_activations and not transpose_rhs,
+        activation=activation,
     )
     return select(policy, problem).gmm(
         lhs,

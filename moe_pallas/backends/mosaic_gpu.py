@@ -1,7 +1,10 @@
 """The mosaic_gpu backend: the grouped matmuls on Hopper's Mosaic GPU kernels (wgmma, TMA).
 
 What it takes: gmm and tgmm whose operands share one 16-bit float dtype (wgmma's inputs) and
-whose shapes it tiles (below); the policy gives other calls, and the block's combine and GLU backward, to pallas_triton. A row
+whose shapes it tiles (below), and gmm on FP8-activation weights (`quant.QuantizedWeight` with
+`fp8_activations`, K and N multiples of 128, plain or SwiGLU) on `kernels.gmm_fp8_mgpu`, the
+activations quantised here (`quant.quantize_rows`) and their e4m3 rows gathered; the policy gives
+other calls, and the block's combine and GLU backward, to pallas_triton. A row
 gather reads an XLA-gathered copy of lhs (Hopper's TMA cannot gather rows). tgmm's rhs_sums come
 from a Triton tgmm whose lhs is one dummy column, so its own [G, 1, N] product is negligible.
 Shapes: N and K multiples of 16 (gmm), K of 64 (tgmm); calls of other shapes run on Triton too.
@@ -16,9 +19,10 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from moe_pallas import backends, tuning
+from moe_pallas import backends, quant, tuning
 from moe_pallas.backends import pallas_triton
 from moe_pallas.kernels import _common
+from moe_pallas.kernels import gmm_fp8_mgpu as _gmm_fp8
 from moe_pallas.kernels import gmm_mgpu as _gmm_mgpu
 from moe_pallas.kernels import tgmm_mgpu as _tgmm_mgpu
 from moe_pallas.kernels.gmm_mgpu import MIN_BLOCK_N, MosaicConfig
@@ -38,9 +42,16 @@ def available() -> bool:
 def supports(problem: backends.Problem) -> bool:
     """One 16-bit dtype (wgmma's inputs) and the shapes its TMA boxes tile: for gmm K a multiple
     of 16 and N of MIN_BLOCK_N (64: every narrower tile misaligns the epilogue's shared-memory
-    copies), for tgmm K of 64 (one warpgroup's wgmma M) and N of 16; no quantised weights."""
+    copies), for tgmm K of 64 (one warpgroup's wgmma M) and N of 16; of quantised weights, the
+    FP8-activation products `kernels.gmm_fp8_mgpu` tiles."""
     if problem.weight_format is not None:
-        return False
+        return (
+            problem.fp8_activations
+            and problem.kernel in ("gmm", "gmm_glu")
+            and not _gmm_fp8.check(
+                problem.k, problem.n, problem.weight_format, None, problem.activation
+            )
+        )
     if problem.dtype is None or problem.dtype not in _gmm_mgpu.DTYPES:
         return False
     if problem.kernel == "tgmm":
@@ -49,6 +60,8 @@ def supports(problem: backends.Problem) -> bool:
 
 
 def auto_supports(problem: backends.Problem) -> bool:
+    if problem.fp8_activations:  # its table entries were measured on the layer's calls
+        return supports(problem)
     return supports(problem) and not problem.gather and jnp.dtype(problem.out_dtype).itemsize == 2
 
 
@@ -88,9 +101,48 @@ def config(lhs, rhs, transpose_rhs, activation, num_rows) -> MosaicConfig:
     return default_config(num_rows, num_groups, n_out, activation)
 
 
+def gmm_fp8(lhs, rhs, group_sizes, *, lhs_row_index=None, activation=None, **epilogue):
+    """An FP8-activation product: lhs quantised per row and 128 values of K, its e4m3 rows (not
+    lhs's bf16 ones) gathered; fp8_block scales in the per-column form go to pallas_triton."""
+    n_out = rhs.shape[2] // 2 if activation else rhs.shape[2]
+    if _gmm_fp8.check(rhs.shape[1], n_out, rhs.fmt, rhs.scales.shape, activation):
+        return pallas_triton.gmm(
+            lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, activation=activation, **epilogue
+        )
+    entry = tuning.lookup(
+        "mosaic_gpu",
+        "gmm_glu_a8" if activation else "gmm_a8",
+        dtype=rhs.values.dtype,
+        k=rhs.shape[1],
+        n=n_out,
+        rows=tuning.rows_class(
+            lhs.shape[0] if lhs_row_index is None else lhs_row_index.shape[0], rhs.shape[0]
+        ),
+    )
+    cfg = MosaicConfig(**entry) if entry is not None else _gmm_fp8.default_config(activation)
+    x, x_scales = quant.quantize_rows(lhs)
+    if lhs_row_index is not None:
+        x, x_scales = x[lhs_row_index], x_scales[lhs_row_index]
+    out_dtype = epilogue.pop("out_dtype", None) or lhs.dtype
+    return _gmm_fp8.gmm_fp8(
+        x,
+        x_scales,
+        rhs,
+        group_sizes,
+        activation=activation,
+        out_dtype=out_dtype,
+        config=cfg,
+        **epilogue,
+    )
+
+
 def gmm(
     lhs, rhs, group_sizes, *, lhs_row_index=None, transpose_rhs=False, activation=None, **epilogue
 ):
+    if quant.is_quantized(rhs):  # `supports`: FP8 activations, not transposed
+        return gmm_fp8(
+            lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, activation=activation, **epilogue
+        )
     if lhs_row_index is not None:
         lhs = lhs[lhs_row_index]
     cfg = config(lhs, rhs, transpose_rhs, activation, lhs.shape[0])

@@ -1,0 +1,182 @@
+"""FP8 x FP8 grouped matmul on Mosaic GPU (`kernels.gmm_fp8_mgpu`): interpret mode against float64
+on the quantised operands (interpret mode fills outputs with NaN, so every row written is checked),
+the mosaic_gpu backend's routing of FP8-activation products, errors, and SwiGLU-256's layer
+lowering for the H200 (layout inference and the shared-memory budget are checked there)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import moe_pallas
+from moe_pallas import backends, quant
+from moe_pallas.backends import mosaic_gpu as mosaic_backend
+from moe_pallas.kernels import gmm_fp8_mgpu
+from moe_pallas.kernels.gmm_fp8_mgpu import gmm_fp8
+from tests.helpers import make_params, random_routing
+from tests.test_fp8_activations import BACKENDS_BOUND
+from tests.test_lowering import SDS, lower_for_h200, triton_calls
+from tests.test_quant import gmm_oracle, rel_err
+
+
+def _padded_with_nan(qw, extra=128):
+    """qw with 128 NaN bytes after each row's K values (a row pitch): read, they make NaN."""
+    k = qw.shape[1]
+    values = jnp.pad(qw.values[:, :, :k], ((0, 0), (0, 0), (0, extra)), constant_values=jnp.nan)
+    return dataclasses.replace(qw, values=values, k=k)
+
+
+@pytest.mark.parametrize(
+    "fmt,activation,n_out,sizes,out_dtype",
+    [
+        # unaligned group starts, an empty group, rows past the groups, two column tiles
+        ("fp8", None, 256, [70, 0, 9, 49], jnp.bfloat16),
+        # one hot expert over two row boxes, float32 out: the products exact, float32 sums
+        ("fp8_block", "swiglu", 128, [0, 128, 0, 3], jnp.float32),
+        ("fp8", "swiglu", 128, [1], jnp.bfloat16),  # T = 1: x padded to one box
+        ("fp8_block", None, 128, [5, 7, 9, 51], jnp.bfloat16),  # groups sharing 8-row units
+    ],
+)
+def test_gmm_fp8_matches_oracle(fmt, activation, n_out, sizes, out_dtype):
+    """K = 256 (two 128-deep blocks, each its own activation and fp8_block scale), the weights'
+    rows padded with NaN past K (never read), bias and row scale, against float64 on the
+    dequantised operands; rows past the groups are zero."""
+    rng = np.random.default_rng()
+    k, parts = 256, 2 if activation else 1
+    n = parts * n_out
+    w = jnp.asarray(rng.standard_normal((len(sizes), k, n)) / np.sqrt(k), jnp.bfloat16)
+    qw = _padded_with_nan(quant.quantize_weight(w, fmt))
+    m = sum(sizes) + 3
+    x_q, x_scales = quant.quantize_rows(jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16))
+    bias = jnp.asarray(rng.standard_normal((len(sizes), n)), jnp.float32)
+    row_scale = jnp.asarray(rng.random(m) + 0.5, jnp.float32)
+    got = gmm_fp8(
+        x_q,
+        x_scales,
+        qw,
+        jnp.asarray(sizes, jnp.int32),
+        bias=bias,
+        activation=activation,
+        row_scale=row_scale,
+        out_dtype=out_dtype,
+    )
+    x = quant.dequantize_rows(x_q, x_scales, jnp.float32)
+    want = gmm_oracle(x, qw.dequantize(jnp.float32), sizes, bias, activation, row_scale)
+    assert got.shape == (m, n_out) and got.dtype == out_dtype
+    rows = sum(sizes)
+    bound = 5e-3 if out_dtype == jnp.bfloat16 else 1e-5
+    assert rel_err(got[:rows], want[:rows]) < bound
+    np.testing.assert_array_equal(np.asarray(got[rows:], np.float32), 0)
+
+
+def test_mosaic_gpu_backend_runs_fp8_activation_products(monkeypatch):
+    """implementation="mosaic_gpu": the SwiGLU block's two FP8-activation products run gmm_fp8
+    (gate_up's rows gathered as e4m3, the GLU fused; apart under differentiation) and equal the
+    Triton backend's within BACKENDS_BOUND, gradients of x and the routing weights too (the backward's products run on Triton); gpt-oss's
+    interleaved GLU, and K or N off 128, stay on Triton (its down product does not)."""
+    calls = []
+    kernel = gmm_fp8_mgpu.gmm_fp8
+    spy = lambda x, *args, **kw: calls.append((x.shape, kw["activation"])) or kernel(x, *args, **kw)
+    monkeypatch.setattr(gmm_fp8_mgpu, "gmm_fp8", spy)
+    rng = np.random.default_rng()
+    experts, hidden, inter = 5, 256, 128
+    params = make_params(rng, experts, hidden, inter, biases=False, scale=2)
+    dense = {name: jnp.asarray(v, jnp.bfloat16) for name, v in params.items()}
+    qparams = moe_pallas.quantize_experts(dense, "fp8_block", fp8_activations=True)
+    x = jnp.asarray(rng.standard_normal((6, hidden)), jnp.bfloat16)
+    idx, wts = random_routing(rng, 6, experts - 1, 2)
+
+    def run(x, wts, impl):
+        return moe_pallas.moe_experts(
+            x, idx, wts, qparams, activation="swiglu", implementation=impl
+        )
+
+    primal, want = run(x, wts, "mosaic_gpu"), run(x, wts, "pallas_triton")
+    assert [a for _, a in calls] == ["swiglu", None] and calls[0][0] == (12, hidden)
+    assert rel_err(primal, want) < BACKENDS_BOUND
+    calls.clear()  # under differentiation the GLU runs apart, gate_up's product plain
+    out, vjp = jax.vjp(lambda x, wts: run(x, wts, "mosaic_gpu"), x, wts)
+    want_out, want_vjp = jax.vjp(lambda x, wts: run(x, wts, "pallas_triton"), x, wts)
+    assert [a for _, a in calls] == [None, None] and rel_err(out, want_out) < BACKENDS_BOUND
+    for got_grad, want_grad in zip(vjp(want), want_vjp(want)):
+        assert rel_err(got_grad, want_grad) < BACKENDS_BOUND
+
+    problem = lambda **kw: backends.Problem(
+        **{
+            "kernel": "gmm_glu",
+            "dtypes": (jnp.bfloat16, jnp.float8_e4m3fn),
+            "out_dtype": jnp.bfloat16,
+            "k": 256,
+            "n": 128,
+            "num_rows": 64,
+            "num_groups": 4,
+            "gather": True,
+            "fused_epilogue": True,
+            "weight_format": "fp8",
+            "fp8_activations": True,
+            "activation": "swiglu",
+            **kw,
+        }
+    )
+    assert mosaic_backend.supports(problem())
+    assert not mosaic_backend.supports(problem(activation="gptoss"))
+    assert not mosaic_backend.supports(problem(k=2880, n=2880))
+    assert not mosaic_backend.supports(problem(fp8_activations=False))
+    assert not mosaic_backend.supports(problem(weight_format="mxfp4", fp8_activations=False))
+    gptoss = moe_pallas.quantize_experts(dense, "fp8", fp8_activations=True)
+    calls.clear()
+    moe_pallas.moe_experts(x, idx, wts, gptoss, activation="gptoss", implementation="mosaic_gpu")
+    assert calls == [((12, inter), None)]  # the down product only
+
+
+def test_gmm_fp8_errors():
+    rng = np.random.default_rng()
+    w = quant.quantize_weight(jnp.asarray(rng.standard_normal((2, 192, 128)), jnp.bfloat16), "fp8")
+    x_q, x_scales = quant.quantize_rows(jnp.ones((4, 192), jnp.bfloat16))
+    sizes = jnp.array([2, 2], jnp.int32)
+    with pytest.raises(ValueError, match=r"K=192 .* not a multiple of 128.*pallas_triton"):
+        gmm_fp8(x_q, x_scales, w, sizes)
+    with pytest.raises(TypeError, match="float8_e4m3fn"):
+        gmm_fp8(jnp.ones((4, 192), jnp.bfloat16), x_scales, w, sizes)
+    with pytest.raises(ValueError, match=r"x_scales must be \[4, 2\]"):
+        gmm_fp8(x_q, x_scales.T, w, sizes)
+    w256 = quant.quantize_weight(
+        jnp.asarray(rng.standard_normal((2, 256, 128)), jnp.bfloat16), "fp8"
+    )
+    x_q, x_scales = quant.quantize_rows(jnp.ones((4, 256), jnp.bfloat16))
+    with pytest.raises(ValueError, match="activation='gptoss'"):
+        gmm_fp8(x_q, x_scales, w256, sizes, activation="gptoss")
+    with pytest.raises(ValueError, match="config"):
+        config = dataclasses.replace(gmm_fp8_mgpu.default_config(None), block_n=64)
+        gmm_fp8(x_q, x_scales, w256, sizes, config=config)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp8_block"])
+def test_swiglu256_fp8_activations_lower_to_mosaic_gpu(fmt):
+    """SwiGLU-256's block at full size with FP8-activation weights under "mosaic_gpu", forward
+    and backward, lowers for the H200 with its two forward products on Mosaic GPU (shared memory
+    within the budget) and the backward's on Triton; T = 2293 (rows off the 8-row boxes)."""
+    hidden, inter, experts, top_k = 4096, 2048, 256, 8
+    dense = {
+        "w_gate_up": SDS((experts, hidden, 2 * inter), jnp.bfloat16),
+        "w_down": SDS((experts, inter, hidden), jnp.bfloat16),
+    }
+    params = jax.eval_shape(lambda d: quant.quantize_experts(d, fmt, fp8_activations=True), dense)
+
+    def loss(x, idx, wts, params):
+        out = moe_pallas.moe_experts(
+            x, idx, wts, params, activation="swiglu", implementation="mosaic_gpu"
+        )
+        return jnp.sum(out.astype(jnp.float32))
+
+    tokens = 2293
+    args = (
+        SDS((tokens, hidden), jnp.bfloat16),
+        SDS((tokens, top_k), jnp.int32),
+        SDS((tokens, top_k), jnp.float32),
+        params,
+    )
+    text = lower_for_h200(jax.grad(loss, argnums=(0, 2)), *args)
+    assert text.count("mosaic_gpu_v2") == 2 and triton_calls(text) >= 3
