@@ -64,8 +64,9 @@ FP8 activations (`QuantizedWeight.fp8_activations`, "fp8" and "fp8_block" weight
 `quantize_experts(..., fp8_activations=True)` or `use_fp8_activations`): the products with such a
 weight quantise their activations as DeepSeek-V3 does, e4m3 values with a float32 scale per row
 and 128 values of K (`quantize_rows`: absmax / 448, round to nearest even), and multiply on the
-FP8 tensor cores (`kernels.gmm_quant`), twice bf16's rate, on tiles of 64 rows or more
-(decode-sized calls multiply the same values in float16). On the H200 the gpt-oss layer ran
+FP8 tensor cores (`kernels.gmm_quant`; with implementation="mosaic_gpu" `kernels.gmm_fp8_mgpu`
+where K and N are multiples of 128), twice bf16's rate, on tiles of 64 rows or more (decode-sized
+calls multiply the same values in float16). On the H200 the gpt-oss layer ran
 1.16x bf16's speed at 64 rows per expert and 9% faster than fp8 weights alone, but slower than
 bf16 at 512 (docs/decisions.md): the kernel waits on each step's fp8 dot before scaling it.
 The result is then the product of the
