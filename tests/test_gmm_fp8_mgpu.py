@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 import moe_pallas
-from moe_pallas import backends, quant
+from moe_pallas import backends, quant, tuning
 from moe_pallas.backends import mosaic_gpu as mosaic_backend
 from moe_pallas.kernels import gmm_fp8_mgpu
 from moe_pallas.kernels.gmm_fp8_mgpu import gmm_fp8
-from tests.helpers import make_params, random_routing
+from tests.helpers import as_if_h200, make_params, random_routing
 from tests.test_fp8_activations import BACKENDS_BOUND
 from tests.test_lowering import SDS, lower_for_h200, triton_calls
 from tests.test_quant import gmm_oracle, rel_err
@@ -129,6 +129,31 @@ def test_mosaic_gpu_backend_runs_fp8_activation_products(monkeypatch):
     calls.clear()
     moe_pallas.moe_experts(x, idx, wts, gptoss, activation="gptoss", implementation="mosaic_gpu")
     assert calls == [((12, inter), None)]  # the down product only
+
+
+def test_auto_takes_fp8_activation_products_where_the_table_has_an_entry(monkeypatch):
+    """ "auto" gives an FP8-activation product to mosaic_gpu only where the table has a
+    "gmm_a8" / "gmm_glu_a8" entry for it, keyed by the stored float8_e4m3fn (gathered rows
+    included: the kernel gathers e4m3 rows); weights-only fp8 products stay on Triton."""
+    as_if_h200(monkeypatch)
+    problem = lambda kernel, a8=True: backends.Problem(
+        kernel, (jnp.bfloat16, jnp.float8_e4m3fn), jnp.dtype(jnp.bfloat16), 4096, 2048, 65536,
+        256, kernel == "gmm_glu", True, "fp8", a8, "swiglu" if kernel == "gmm_glu" else None,
+    )  # fmt: skip
+    select = lambda p: backends.select("auto", p).name
+    assert select(problem("gmm_glu")) == select(problem("gmm")) == "pallas_triton"
+    asked, lookup = [], tuning.lookup
+
+    def with_entry(backend, kernel, *, dtype, **kw):
+        asked.append((backend, kernel, jnp.dtype(dtype).name))
+        if (backend, kernel) == ("mosaic_gpu", "gmm_glu_a8"):
+            return dataclasses.asdict(gmm_fp8_mgpu.default_config("swiglu"))
+        return lookup(backend, kernel, dtype=dtype, **kw)
+
+    monkeypatch.setattr(tuning, "lookup", with_entry)
+    assert select(problem("gmm_glu")) == "mosaic_gpu"
+    assert ("mosaic_gpu", "gmm_glu_a8", "float8_e4m3fn") in asked
+    assert select(problem("gmm")) == select(problem("gmm_glu", a8=False)) == "pallas_triton"
 
 
 def test_gmm_fp8_errors():

@@ -153,9 +153,10 @@ def select(policy: str, problem: Problem) -> Backend:
         takes = backend.auto_supports or backend.supports
         if backend.available() and takes(problem):
             kernel, dtype = table_key(problem)
-            if tuning.lookup(
+            entry = tuning.lookup(
                 name, kernel, dtype=dtype, k=problem.k, n=problem.n, rows=problem.rows
-            ):
+            )
+            if entry is not None:  # (an entry's config may be empty)
                 return backend
     return get("pallas_triton")
 
