@@ -196,17 +196,20 @@ def _mosaic_entries():
 
 
 @pytest.mark.parametrize(
-    "entry", _mosaic_entries(), ids=lambda e: f"{e['kernel']}-{e['k']}-{e['n']}"
+    "entry", _mosaic_entries(), ids=lambda e: f"{e['kernel']}-{e['k']}-{e['n']}-{e['rows']}"
 )
 def test_mosaic_gpu_table_entries_lower(entry):
     """Every Mosaic GPU config the table ships lowers for the H200 as the backend runs it (its
-    kernel's epilogue, bf16 output): Mosaic GPU checks the kernel's shared memory against the
+    kernel's epilogue, bf16 output; FP8-activation entries on `gmm_fp8_mgpu`): Mosaic GPU checks the kernel's shared memory against the
     H200's 227 KiB while lowering, so an entry past it fails here rather than on the GPU."""
     from moe_pallas.kernels import gmm_mgpu
 
-    assert entry["kernel"] in ("gmm", "gmm_t")  # a plain gmm, or one with rhs transposed (dx)
     cfg = gmm_mgpu.MosaicConfig(**entry["config"])
     k, n, groups = entry["k"], entry["n"], 128
+    if entry["kernel"].endswith("_a8"):  # FP8 activations: kernels.gmm_fp8_mgpu
+        _lower_fp8_entry(entry["kernel"], k, n, groups, cfg)
+        return
+    assert entry["kernel"] in ("gmm", "gmm_t")  # a plain gmm, or one with rhs transposed (dx)
     transposed = entry["kernel"] == "gmm_t"
     args = (
         SDS((512 * groups, k), jnp.bfloat16),  # "large": 512 rows per group
@@ -224,6 +227,26 @@ def test_mosaic_gpu_table_entries_lower(entry):
         config=cfg,
     )
     assert lower_for_h200(fn, *args).count("mosaic_gpu_v2") == 1
+
+
+def _lower_fp8_entry(kernel, k, n, groups, cfg):
+    """An FP8-activation entry's kernel lowers for the H200 on both fp8 formats, its epilogue as
+    the layer's (the GLU's, or the row scale)."""
+    from moe_pallas import quant
+    from moe_pallas.kernels.gmm_fp8_mgpu import gmm_fp8
+
+    activation = "swiglu" if kernel == "gmm_glu_a8" else None
+    width = 2 * n if activation else n
+    rows = 512 * groups
+    for fmt in ("fp8", "fp8_block"):
+        dense = SDS((groups, k, width), jnp.bfloat16)
+        w = jax.eval_shape(lambda d, fmt=fmt: quant.quantize_weight(d, fmt), dense)
+        args = (SDS((rows, k), jnp.float8_e4m3fn), SDS((rows, k // 128), jnp.float32), w)
+        fn = lambda x, xs, w, sizes, scale, act=activation: gmm_fp8(
+            x, xs, w, sizes, activation=act, row_scale=None if act else scale, config=cfg
+        )
+        sizes_scale = (SDS((groups,), jnp.int32), SDS((rows,), jnp.float32))
+        assert lower_for_h200(fn, *args, *sizes_scale).count("mosaic_gpu_v2") == 1
 
 
 @pytest.mark.parametrize("activation", ["gptoss", "swiglu"])
