@@ -327,11 +327,15 @@ def test_gptoss_sized_fp8_activations(fmt):
 
 @FULL_SHAPES
 @pytest.mark.gpu
-@pytest.mark.parametrize("rows_per_expert", [2, 64])
-def test_swiglu256_sized_fp8_activations(rows_per_expert):
+@pytest.mark.parametrize(
+    "rows_per_expert,implementation",
+    [(2, "pallas_triton"), (64, "pallas_triton"), (64, "mosaic_gpu")],
+)
+def test_swiglu256_sized_fp8_activations(rows_per_expert, implementation):
     """SwiGLU-256's gate_up weight with fp8 activations, through ragged_dot: fp8_block values
-    [256, 4096, 4096] are 2^32 bytes, so every call reads them as byte pairs and multiplies in
-    float16 (decode and wgmma tiles); random stored bytes (no dense weight: its float32
+    [256, 4096, 4096] are 2^32 bytes, so every Triton call reads them as byte pairs and
+    multiplies in float16 (decode and wgmma tiles), and Mosaic GPU's TMA boxes address them in
+    three coordinates (`kernels.gmm_fp8_mgpu`, e4m3 dots); random stored bytes (no dense weight: its float32
     temporaries would be tens of GiB), rows of the first and last experts against float64 on
     the quantised rows and each hit expert's decoded weight."""
     e, h, n = 256, 4096, 4096
@@ -345,7 +349,7 @@ def test_swiglu256_sized_fp8_activations(rows_per_expert):
     sizes[experts] = rows_per_expert
     x = jax.random.normal(keys[2], (int(sizes.sum()), h), jnp.bfloat16)
     out = np.asarray(
-        moe_pallas.ragged_dot(x, w, jnp.asarray(sizes, jnp.int32), implementation="pallas_triton")
+        moe_pallas.ragged_dot(x, w, jnp.asarray(sizes, jnp.int32), implementation=implementation)
     )
     rows_q = np.asarray(quant.fp8_rows(x, jnp.float32))
     bounds = np.cumsum([0, *sizes])
