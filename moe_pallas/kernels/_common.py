@@ -105,6 +105,19 @@ def check_int32_sizes(kernel: str, **shapes: tuple[int, ...]) -> None:
             )
 
 
+def check_epilogue(num_groups: int, n_dim: int, num_rows: int, bias, row_scale) -> None:
+    """Raise a ValueError unless bias is [G, N] and row_scale 1-D with at least num_rows entries
+    (either may be None)."""
+    if bias is not None and bias.shape != (num_groups, n_dim):
+        raise ValueError(
+            f"bias must be [{num_groups}, {n_dim}] (one row per group), got {bias.shape}."
+        )
+    if row_scale is not None and (row_scale.ndim != 1 or row_scale.shape[0] < num_rows):
+        raise ValueError(
+            f"row_scale must be 1-D with >= {num_rows} entries, got {row_scale.shape}."
+        )
+
+
 def grouped_dims(lhs, rhs, group_sizes, transpose_rhs: bool) -> tuple[int, int, int]:
     """(G, K, N) of a grouped matmul lhs [M, K] x rhs [G, K, N] (or [G, N, K] transposed)."""
     num_groups = rhs.shape[0]

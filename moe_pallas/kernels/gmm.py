@@ -210,12 +210,9 @@ def gmm(
     num_groups, k_dim, n_dim = _common.grouped_dims(lhs, rhs, group_sizes, transpose_rhs)
     if activation is not None and (transpose_rhs or n_dim % 2):
         raise ValueError("a GLU activation needs a non-transposed rhs with an even column count.")
-    if bias is not None and bias.shape != (num_groups, n_dim):
-        raise ValueError(f"bias must be [{num_groups}, {n_dim}], got {bias.shape}.")
     gather = lhs_row_index is not None
     num_rows = lhs_row_index.shape[0] if gather else lhs.shape[0]
-    if row_scale is not None and row_scale.shape[0] < num_rows:
-        raise ValueError(f"row_scale must have {num_rows} entries, got {row_scale.shape}.")
+    _common.check_epilogue(num_groups, n_dim, num_rows, bias, row_scale)
     _common.check_int32_sizes(
         "gmm", lhs=lhs.shape, rhs=rhs.shape, out=(num_rows, n_dim // 2 if activation else n_dim)
     )

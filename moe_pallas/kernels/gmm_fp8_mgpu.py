@@ -268,14 +268,7 @@ def gmm_fp8(
     why = check(k_dim, n_out, w.fmt, w.scales.shape, activation, config)
     if why:
         raise ValueError(f'gmm_fp8: {why}; use implementation="pallas_triton".')
-    if bias is not None and bias.shape != (num_groups, n_dim):
-        raise ValueError(
-            f"bias must be [{num_groups}, {n_dim}] (one row per group), got {bias.shape}."
-        )
-    if row_scale is not None and (row_scale.ndim != 1 or row_scale.shape[0] < num_rows):
-        raise ValueError(
-            f"row_scale must be 1-D with >= {num_rows} entries, got {row_scale.shape}."
-        )
+    _common.check_epilogue(num_groups, n_dim, num_rows, bias, row_scale)
     _common.check_int32_sizes("gmm_fp8", x=x.shape, w=w.values.shape, out=(num_rows, n_out))
     out_dtype = jnp.dtype(out_dtype)
     if num_rows == 0 or n_out == 0:

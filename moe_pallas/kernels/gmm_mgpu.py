@@ -654,14 +654,7 @@ def gmm(
             'one warpgroup\'s shared memory, and split="pingpong" has no GLU epilogue; got '
             f"transpose_rhs={transpose_rhs}, N={n_dim}, config={config}."
         )
-    if bias is not None and bias.shape != (num_groups, n_dim):
-        raise ValueError(
-            f"bias must be [{num_groups}, {n_dim}] (one row per group), got {bias.shape}."
-        )
-    if row_scale is not None and (row_scale.ndim != 1 or row_scale.shape[0] < num_rows):
-        raise ValueError(
-            f"row_scale must be 1-D with >= {num_rows} entries, got {row_scale.shape}."
-        )
+    _common.check_epilogue(num_groups, n_dim, num_rows, bias, row_scale)
     parts = 2 if activation else 1
     n_out = n_dim // parts
     _common.check_int32_sizes("gmm_mgpu", lhs=lhs.shape, rhs=rhs.shape, out=(num_rows, n_out))

@@ -730,10 +730,9 @@ def gmm_quant(
         raise ValueError(f"group_sizes must be [{num_groups}], got {group_sizes.shape}.")
     if activation is not None and n_dim % 2:
         raise ValueError("a GLU activation needs an even weight column count.")
-    if bias is not None and bias.shape != (num_groups, n_dim):
-        raise ValueError(f"bias must be [{num_groups}, {n_dim}], got {bias.shape}.")
     gather = lhs_row_index is not None
     num_rows = lhs_row_index.shape[0] if gather else lhs.shape[0]
+    _common.check_epilogue(num_groups, n_dim, num_rows, bias, row_scale)
     n_out = n_dim // 2 if activation else n_dim
     _common.check_int32_sizes("gmm_quant", lhs=lhs.shape, rhs=rhs.shape, out=(num_rows, n_out))
     out_dtype = jnp.dtype(out_dtype or lhs.dtype)
