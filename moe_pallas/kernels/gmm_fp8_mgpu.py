@@ -57,8 +57,9 @@ from moe_pallas.kernels.gmm_mgpu import (
 
 BLOCK = 128  # values of K per activation (and fp8_block weight) scale: one K step
 BLOCK_M = 64  # rows per consumer warpgroup (one wgmma M)
-# block_n: one fp8_block scale block wide. 64-column tiles hang in Mosaic GPU's interpret mode
-# (its barrier waits never return), so the CPU tests could not cover them.
+# block_n: one fp8_block scale block wide. Weight tiles of other heights than x's 128 rows (64,
+# 256) hang in Mosaic GPU's interpret mode, a pipeline barrier never completing (with no wgmma,
+# epilogue or store in the kernel too), so the CPU tests could not cover them.
 BLOCK_N = 128
 ACTIVATIONS = (None, "swiglu")
 
