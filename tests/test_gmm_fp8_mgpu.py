@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 import moe_pallas
-from moe_pallas import backends, quant
+from moe_pallas import backends, quant, tuning
 from moe_pallas.backends import mosaic_gpu as mosaic_backend
 from moe_pallas.kernels import _common, gmm_fp8_mgpu
 from moe_pallas.kernels.gmm_fp8_mgpu import gmm_fp8
+from moe_pallas.kernels.gmm_mgpu import MosaicConfig
 from tests.helpers import as_if_h200, make_params, random_routing
 from tests.test_fp8_activations import BACKENDS_BOUND
 from tests.test_lowering import SDS, lower_for_h200, triton_calls
@@ -156,6 +157,16 @@ def test_auto_takes_fp8_activation_products_where_the_table_has_an_entry(monkeyp
     assert select(problem("gmm_glu", rows=2048)) == "pallas_triton"  # 8: decode
     assert select(problem("gmm")) == "pallas_triton"  # no entry for K = 4096, N = 2048
     assert select(problem("gmm_glu", a8=False)) == "pallas_triton"
+    # the backend runs the kernel with the entry's config, else the kernel's default
+    dense = SDS((256, 4096, 4096), jnp.bfloat16)
+    w = jax.eval_shape(lambda d: quant.quantize_weight(d, "fp8_block"), dense)
+    lhs = SDS((2048, 4096), jnp.bfloat16)
+    entry = tuning.lookup(
+        "mosaic_gpu", "gmm_glu_a8", dtype=jnp.float8_e4m3fn, k=4096, n=2048, rows="large"
+    )
+    assert mosaic_backend.config(lhs, w, False, "swiglu", 65536) == MosaicConfig(**entry)
+    default = gmm_fp8_mgpu.default_config(None)
+    assert mosaic_backend.config(lhs, w, False, None, 65536) == default  # no plain entry
 
 
 def test_gmm_fp8_errors():

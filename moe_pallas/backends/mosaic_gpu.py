@@ -84,20 +84,25 @@ def default_config(
 
 
 def config(lhs, rhs, transpose_rhs, activation, num_rows) -> MosaicConfig:
+    """The table's entry for the call (an FP8-activation weight's "gmm_a8" / "gmm_glu_a8", keyed
+    by its stored dtype), else the kernel's default."""
     num_groups = rhs.shape[0]
     n_dim = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     n_out = n_dim // 2 if activation else n_dim
     kernel = backends.gmm_kernel_name(activation, transpose_rhs)
+    fp8 = quant.is_quantized(rhs)
     entry = tuning.lookup(
         "mosaic_gpu",
-        kernel,
-        dtype=lhs.dtype,
+        f"{kernel}_a8" if fp8 else kernel,
+        dtype=rhs.values.dtype if fp8 else lhs.dtype,
         k=lhs.shape[1],
         n=n_out,
         rows=tuning.rows_class(num_rows, num_groups),
     )
     if entry is not None:
         return MosaicConfig(**entry)
+    if fp8:
+        return _gmm_fp8.default_config(activation)
     return default_config(num_rows, num_groups, n_out, activation)
 
 
@@ -109,17 +114,8 @@ def gmm_fp8(lhs, rhs, group_sizes, *, lhs_row_index=None, activation=None, **epi
         return pallas_triton.gmm(
             lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, activation=activation, **epilogue
         )
-    entry = tuning.lookup(
-        "mosaic_gpu",
-        "gmm_glu_a8" if activation else "gmm_a8",
-        dtype=rhs.values.dtype,
-        k=rhs.shape[1],
-        n=n_out,
-        rows=tuning.rows_class(
-            lhs.shape[0] if lhs_row_index is None else lhs_row_index.shape[0], rhs.shape[0]
-        ),
-    )
-    cfg = MosaicConfig(**entry) if entry is not None else _gmm_fp8.default_config(activation)
+    num_rows = lhs.shape[0] if lhs_row_index is None else lhs_row_index.shape[0]
+    cfg = config(lhs, rhs, False, activation, num_rows)
     x, x_scales = quant.quantize_rows(lhs)
     if lhs_row_index is not None:
         x, x_scales = x[lhs_row_index], x_scales[lhs_row_index]
