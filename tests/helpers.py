@@ -66,6 +66,18 @@ def device_expert_params(rng, experts, hidden, inter, dtype, bias_scales=None):
     return params
 
 
+def random_bytes(key, shape) -> "jax.Array":
+    """uint8 random bytes of `shape`, drawn one leading index at a time: jax.random.bits draws a
+    32-bit word per uint8 element, 16 GiB of temporaries for a 4 GiB weight in one call, past an
+    80 GB GPU beside the test's other buffers."""
+    import jax
+    import jax.numpy as jnp
+
+    keys = jax.random.split(key, shape[0])
+    draw = lambda k: jax.random.bits(k, shape[1:], jnp.uint8)
+    return jax.jit(lambda keys: jax.lax.map(draw, keys))(keys)
+
+
 def as_if_h200(monkeypatch, spy=None):
     """Make the "auto" policy decide as on an H200 while the kernels run in interpret mode: the
     tuning table read for "NVIDIA H200" and its backends available. `spy(name, op)` is called

@@ -19,7 +19,7 @@ from moe_pallas.kernels import gmm_quant as gmm_quant_module
 from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.fp8_dot import fp8_dot
 from moe_pallas.kernels.gmm_quant import gmm_quant
-from tests.helpers import FULL_SHAPES, make_params, random_routing
+from tests.helpers import FULL_SHAPES, make_params, random_bytes, random_routing
 from tests.test_lowering import H200, SDS, lower_for_h200, triton_calls
 from tests.test_quant import _epilogue_case, gmm_oracle, rel_err
 
@@ -340,7 +340,7 @@ def test_swiglu256_sized_fp8_activations(rows_per_expert, implementation):
     the quantised rows and each hit expert's decoded weight."""
     e, h, n = 256, 4096, 4096
     keys = jax.random.split(jax.random.key(1), 3)
-    values = jax.random.bits(keys[0], (e, n, h), jnp.uint8) & 0xFE  # no NaN codes
+    values = random_bytes(keys[0], (e, n, h)) & 0xFE  # no NaN codes
     values = jax.lax.bitcast_convert_type(values, jnp.float8_e4m3fn)
     scales = jax.random.uniform(keys[1], (e, h // 128, n // 128), jnp.float32, 1e-4, 1e-3)
     w = quant.QuantizedWeight(values, scales, "fp8_block", jnp.bfloat16, fp8_activations=True)

@@ -18,7 +18,7 @@ from moe_pallas.kernels.config import BlockConfig
 from moe_pallas.kernels.gmm_quant import gmm_quant
 from moe_pallas.kernels.gmm_quant_t import gmm_quant_t
 from moe_pallas.reference import moe_experts_reference
-from tests.helpers import FULL_SHAPES, make_params, random_routing
+from tests.helpers import FULL_SHAPES, make_params, random_bytes, random_routing
 
 # bf16 output rounding (2^-8 relative) plus bf16 rounding of the stored activation between the
 # two matmuls: the bound docs/reliability.md states for the quantised path.
@@ -905,11 +905,11 @@ def test_swiglu256_sized_quantised_weights(fmt):
     e, h, n = 256, 4096, 4096
     keys = jax.random.split(jax.random.key(0), 3)
     if fmt == "fp8":  # bit 0 cleared: no NaN codes (0x7F, 0xFF)
-        values = jax.random.bits(keys[0], (e, n, h), jnp.uint8) & 0xFE
+        values = random_bytes(keys[0], (e, n, h)) & 0xFE
         values = jax.lax.bitcast_convert_type(values, jnp.float8_e4m3fn)
         scales = jax.random.uniform(keys[1], (e, n), jnp.float32, 1e-4, 1e-3)
     else:
-        values = jax.random.bits(keys[0], (e, n, h // 2), jnp.uint8)
+        values = random_bytes(keys[0], (e, n, h // 2))
         scales = jax.random.randint(keys[1], (e, h // 32, n), 118, 124).astype(jnp.uint8)
     w = quant.with_scale_bound(quant.QuantizedWeight(values, scales, fmt, jnp.bfloat16))
     assert w.small_scales == (fmt == "mxfp4")  # codes 118-123: one multiply a pair
