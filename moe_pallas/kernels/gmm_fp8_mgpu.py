@@ -209,19 +209,14 @@ def _kernel(
                     plgpu.wgmma_wait(0)
                     return part_ref[...]
 
-                # fp8_block's scalars are loaded before the wgmma, so their global-memory latency
-                # runs under it rather than after the wait.
-                scales = [sx] * parts
-                if block_scales:
-                    scales = [
-                        sx * sw_gmem[gs, idx[0], (col0 + p * n_out) // BLOCK_N]
-                        for p in range(parts)
-                    ]
                 new = []
-                for acc, w_smem, s in zip(accs, w_smems, scales):
+                for p, (acc, w_smem) in enumerate(zip(accs, w_smems)):
                     part = pl.run_scoped(
                         functools.partial(block_product, w_smem), plgpu.ACC((bm, bn))
                     )
+                    s = sx
+                    if block_scales:
+                        s = s * sw_gmem[gs, idx[0], (col0 + p * n_out) // BLOCK_N]
                     new.append(acc + part * jax.lax.broadcast_in_dim(s, part.shape, (0,)))
                 return tuple(new)
 
