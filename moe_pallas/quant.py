@@ -34,9 +34,11 @@ w[e, k, n]:
 Row pitch. "fp8" and "fp8_block" values are stored [E, N, P]: each output column's row of K bytes
 padded with zeros to P, the next multiple of ROW_PITCH (256) bytes, where that adds at most
 PITCH_MAX_OVERHEAD of the row (gpt-oss's K = 2880 -> 3072, 6.7% more bytes; SwiGLU-256's 4096 and
-2048 are whole already), and `QuantizedWeight.k` keeps K. The kernels read each row's first K bytes
-only (every tile's loads are masked at K), so the padding is never read: it only makes every row
-start on a 256-byte boundary, where gpt-oss's rows of 2880 bytes start on 64-byte ones, every other
+2048 are whole already), and `QuantizedWeight.k` keeps K. The Triton kernels read each row's first
+K bytes only (every tile's loads are masked at K); Mosaic GPU's FP8-activation kernel, whose TMA
+boxes cannot stop inside a row, reads a K tail's last 128-value box on into the padding against
+x's zero-filled columns, so the padding must be finite (zeros, as written here). The padding
+only makes every row start on a 256-byte boundary, where gpt-oss's rows of 2880 bytes start on 64-byte ones, every other
 one across a 128-byte line (on an H100, gpt-oss's fp8 decode calls read 5.5-6.0% faster per byte
 with 256-byte rows: docs/decisions.md). `dequantize` and the checkpoint writers drop it. Weights
 with FP8 activations keep unpadded rows where the padding would take the values past
@@ -65,7 +67,7 @@ FP8 activations (`QuantizedWeight.fp8_activations`, "fp8" and "fp8_block" weight
 weight quantise their activations as DeepSeek-V3 does, e4m3 values with a float32 scale per row
 and 128 values of K (`quantize_rows`: absmax / 448, round to nearest even), and multiply on the
 FP8 tensor cores (`kernels.gmm_quant`; with implementation="mosaic_gpu" `kernels.gmm_fp8_mgpu`
-where K and N are multiples of 128), twice bf16's rate, on tiles of 64 rows or more (decode-sized
+where it tiles the shapes), twice bf16's rate, on tiles of 64 rows or more (decode-sized
 calls multiply the same values in float16). On the H200 the gpt-oss layer ran
 1.16x bf16's speed at 64 rows per expert and 9% faster than fp8 weights alone, but slower than
 bf16 at 512 (docs/decisions.md): the kernel waits on each step's fp8 dot before scaling it.

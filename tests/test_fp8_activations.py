@@ -298,8 +298,9 @@ def test_fp8_activations_layer_lowers_for_the_h200(fmt):
 def test_gptoss_sized_fp8_activations(fmt):
     """gpt-oss's experts at full size with fp8_activations on the GPU ("auto": the FP8 tensor
     cores) within FP8_ACTIVATIONS_BOUND of the bf16 layer on the dequantised weights, and within
-    BACKENDS_BOUND of every call on the byte-pair view (float16 dots of the same operands), at
-    T = 64 (16-row tiles, paired anyway) and T = 2048 (64 rows per expert: fp8 wgmma)."""
+    BACKENDS_BOUND of every call on the byte-pair view (float16 dots of the same operands) and of
+    "mosaic_gpu" (`kernels.gmm_fp8_mgpu`: K and N tails, fp8's interleaved GLU, unpadded gate_up
+    rows), at T = 64 (16-row tiles, paired anyway) and T = 2048 (64 rows per expert: fp8 wgmma)."""
     from tests.helpers import device_expert_params, device_normal
 
     rng = np.random.default_rng(5)
@@ -308,8 +309,13 @@ def test_gptoss_sized_fp8_activations(fmt):
     qparams = moe_pallas.quantize_experts(params, fmt, fp8_activations=True)
     del params
     dense = moe_pallas.dequantize_experts(qparams)
-    layer = jax.jit(
-        lambda x, idx, wts, p: moe_pallas.moe_experts(x, idx, wts, p, activation="gptoss")
+    layer, mosaic = (
+        jax.jit(
+            lambda x, idx, wts, p, impl=impl: moe_pallas.moe_experts(
+                x, idx, wts, p, activation="gptoss", implementation=impl
+            )
+        )
+        for impl in ("auto", "mosaic_gpu")
     )
     for tokens in (64, 2048):
         x = device_normal(rng, (tokens, hidden), jnp.bfloat16)
@@ -323,6 +329,7 @@ def test_gptoss_sized_fp8_activations(fmt):
                 lambda x, idx, wts, p: moe_pallas.moe_experts(x, idx, wts, p, activation="gptoss")
             )(x, idx, wts, qparams)
         assert rel_err(out, paired) < BACKENDS_BOUND, tokens
+        assert rel_err(mosaic(x, idx, wts, qparams), out) < BACKENDS_BOUND, tokens
 
 
 @FULL_SHAPES

@@ -27,32 +27,53 @@ F32_BOUND = {True: 1e-5, False: 1e-3}
 
 
 def _padded_with_nan(qw, extra=128):
-    """qw with 128 NaN bytes after each row's K values (a row pitch): read, they make NaN."""
+    """qw with each row padded past its K values (a row pitch): zeros up to the next multiple of
+    128 (a K tail's last box reads them, against x's zero-filled tail), then 128 NaN bytes, which
+    make NaN if read."""
     k = qw.shape[1]
-    values = jnp.pad(qw.values[:, :, :k], ((0, 0), (0, 0), (0, extra)), constant_values=jnp.nan)
+    zeros = -k % 128
+    values = jnp.pad(qw.values[:, :, :k], ((0, 0), (0, 0), (0, zeros)))
+    values = jnp.pad(values, ((0, 0), (0, 0), (0, extra)), constant_values=jnp.nan)
     return dataclasses.replace(qw, values=values, k=k)
 
 
 @pytest.mark.parametrize(
-    "fmt,activation,n_out,sizes,out_dtype",
+    "fmt,activation,k,n_out,sizes,out_dtype,pad",
     [
         # unaligned group starts, an empty group, rows past the groups, two column tiles
-        ("fp8", None, 256, [70, 0, 9, 49], jnp.bfloat16),
+        ("fp8", None, 256, 256, [70, 0, 9, 49], jnp.bfloat16, 128),
         # one hot expert over two row boxes, float32 out: the products exact, float32 sums
-        ("fp8_block", "swiglu", 128, [0, 128, 0, 3], jnp.float32),
-        ("fp8", "swiglu", 128, [1], jnp.bfloat16),  # T = 1: x padded to one box
-        ("fp8_block", None, 128, [5, 7, 9, 51], jnp.bfloat16),  # groups sharing 8-row units
+        ("fp8_block", "swiglu", 256, 128, [0, 128, 0, 3], jnp.float32, 128),
+        ("fp8", "swiglu", 256, 128, [1], jnp.bfloat16, 128),  # T = 1: x padded to one box
+        (
+            "fp8_block",
+            None,
+            256,
+            128,
+            [5, 7, 9, 51],
+            jnp.bfloat16,
+            128,
+        ),  # groups sharing 8-row units
+        # K and N tails (gpt-oss's 2880 is 22.5 blocks): the last K box zero-filled past K, the
+        # last column tile's stores clipped at N; gpt-oss's interleaved gate and up columns
+        # (64-byte shared-memory rows); rows unpadded (None: their last box zero-filled too)
+        ("fp8", "gptoss", 320, 144, [3, 0, 70, 11], jnp.bfloat16, 128),
+        ("fp8", "gptoss", 192, 128, [0, 129], jnp.float32, None),
+        ("fp8_block", None, 320, 144, [9, 40, 0, 2], jnp.float32, 128),
+        ("fp8", "swiglu", 192, 144, [17, 5], jnp.bfloat16, None),  # the gate tile reads up rows
     ],
 )
-def test_gmm_fp8_matches_oracle(fmt, activation, n_out, sizes, out_dtype):
-    """K = 256 (two 128-deep blocks, each its own activation and fp8_block scale), the weights'
-    rows padded with NaN past K (never read), bias and row scale, against float64 on the
-    dequantised operands (bf16 output 5e-3, float32 F32_BOUND); rows past the groups are zero."""
+def test_gmm_fp8_matches_oracle(fmt, activation, k, n_out, sizes, out_dtype, pad):
+    """K = 256 (two 128-deep blocks, each its own activation and fp8_block scale) and K, N tails,
+    the weights' rows padded with NaN past the last 128-value box (never read), bias and row
+    scale, against float64 on the dequantised operands (bf16 output 5e-3, float32 F32_BOUND);
+    rows past the groups are zero."""
     rng = np.random.default_rng()
-    k, parts = 256, 2 if activation else 1
+    parts = 2 if activation else 1
     n = parts * n_out
     w = jnp.asarray(rng.standard_normal((len(sizes), k, n)) / np.sqrt(k), jnp.bfloat16)
-    qw = _padded_with_nan(quant.quantize_weight(w, fmt))
+    qw = quant.quantize_weight(w, fmt)
+    qw = qw if pad is None else _padded_with_nan(qw, pad)
     m = sum(sizes) + 3
     x_q, x_scales = quant.quantize_rows(jnp.asarray(rng.standard_normal((m, k)), jnp.bfloat16))
     bias = jnp.asarray(rng.standard_normal((len(sizes), n)), jnp.float32)
@@ -79,8 +100,9 @@ def test_gmm_fp8_matches_oracle(fmt, activation, n_out, sizes, out_dtype):
 def test_mosaic_gpu_backend_runs_fp8_activation_products(monkeypatch):
     """implementation="mosaic_gpu": the SwiGLU block's two FP8-activation products run gmm_fp8
     (gate_up's rows gathered as e4m3, the GLU fused; apart under differentiation) and equal the
-    Triton backend's within BACKENDS_BOUND, gradients of x and the routing weights too (the backward's products run on Triton); gpt-oss's
-    interleaved GLU, and K or N off 128, stay on Triton (its down product does not)."""
+    Triton backend's within BACKENDS_BOUND, gradients of x and the routing weights too (the
+    backward's products run on Triton); gpt-oss's interleaved GLU with fp8 weights likewise, with
+    fp8_block (a scale block holds gate and up columns) on Triton."""
     calls = []
     kernel = gmm_fp8_mgpu.gmm_fp8
     spy = lambda x, *args, **kw: calls.append((x.shape, kw["activation"])) or kernel(x, *args, **kw)
@@ -126,14 +148,25 @@ def test_mosaic_gpu_backend_runs_fp8_activation_products(monkeypatch):
         }
     )
     assert mosaic_backend.supports(problem())
-    assert not mosaic_backend.supports(problem(activation="gptoss"))
-    assert not mosaic_backend.supports(problem(k=2880, n=2880))
+    assert mosaic_backend.supports(problem(activation="gptoss", k=2880, n=2880))
+    assert not mosaic_backend.supports(problem(activation="gptoss", weight_format="fp8_block"))
+    assert not mosaic_backend.supports(problem(k=2912))  # TMA tiles: K a multiple of 64
     assert not mosaic_backend.supports(problem(fp8_activations=False))
     assert not mosaic_backend.supports(problem(weight_format="mxfp4", fp8_activations=False))
-    gptoss = moe_pallas.quantize_experts(dense, "fp8", fp8_activations=True)
-    calls.clear()
-    moe_pallas.moe_experts(x, idx, wts, gptoss, activation="gptoss", implementation="mosaic_gpu")
-    assert calls == [((12, inter), None)]  # the down product only
+    gptoss = {
+        fmt: moe_pallas.quantize_experts(dense, fmt, fp8_activations=True)
+        for fmt in ("fp8", "fp8_block")
+    }
+    for fmt, want_calls in (("fp8", [((12, hidden), "gptoss"), ((12, inter), None)]),
+                            ("fp8_block", [((12, inter), None)])):  # fmt: skip
+        calls.clear()
+        got, want = (
+            moe_pallas.moe_experts(
+                x, idx, wts, gptoss[fmt], activation="gptoss", implementation=impl
+            )
+            for impl in ("mosaic_gpu", "pallas_triton")
+        )
+        assert calls == want_calls and rel_err(got, want) < BACKENDS_BOUND, fmt
 
 
 def test_auto_takes_fp8_activation_products_where_the_table_has_an_entry(monkeypatch):
@@ -171,32 +204,38 @@ def test_auto_takes_fp8_activation_products_where_the_table_has_an_entry(monkeyp
 
 def test_gmm_fp8_errors():
     rng = np.random.default_rng()
-    w = quant.quantize_weight(jnp.asarray(rng.standard_normal((2, 192, 128)), jnp.bfloat16), "fp8")
-    x_q, x_scales = quant.quantize_rows(jnp.ones((4, 192), jnp.bfloat16))
+    w = quant.quantize_weight(jnp.asarray(rng.standard_normal((2, 200, 128)), jnp.bfloat16), "fp8")
+    x_q, x_scales = quant.quantize_rows(jnp.ones((4, 200), jnp.bfloat16))
     sizes = jnp.array([2, 2], jnp.int32)
-    with pytest.raises(ValueError, match=r"K=192 .* not a multiple of 128.*pallas_triton"):
+    with pytest.raises(ValueError, match=r"K=200 .* not a multiple of 64.*pallas_triton"):
         gmm_fp8(x_q, x_scales, w, sizes)
     with pytest.raises(TypeError, match="float8_e4m3fn"):
-        gmm_fp8(jnp.ones((4, 192), jnp.bfloat16), x_scales, w, sizes)
+        gmm_fp8(jnp.ones((4, 200), jnp.bfloat16), x_scales, w, sizes)
     with pytest.raises(ValueError, match=r"x_scales must be \[4, 2\]"):
         gmm_fp8(x_q, x_scales.T, w, sizes)
     w256 = quant.quantize_weight(
-        jnp.asarray(rng.standard_normal((2, 256, 128)), jnp.bfloat16), "fp8"
+        jnp.asarray(rng.standard_normal((2, 256, 128)), jnp.bfloat16), "fp8_block"
     )
     x_q, x_scales = quant.quantize_rows(jnp.ones((4, 256), jnp.bfloat16))
-    with pytest.raises(ValueError, match="activation='gptoss'"):
+    with pytest.raises(ValueError, match="fp8_block with gpt-oss's interleaved GLU"):
         gmm_fp8(x_q, x_scales, w256, sizes, activation="gptoss")
+    with pytest.raises(ValueError, match="activation='relu'"):
+        gmm_fp8(x_q, x_scales, w256, sizes, activation="relu")
     with pytest.raises(ValueError, match="config"):
         config = dataclasses.replace(gmm_fp8_mgpu.default_config(None), block_n=64)
         gmm_fp8(x_q, x_scales, w256, sizes, config=config)
 
 
-@pytest.mark.parametrize("fmt", ["fp8", "fp8_block"])
-def test_swiglu256_fp8_activations_lower_to_mosaic_gpu(fmt):
-    """SwiGLU-256's block at full size with FP8-activation weights under "mosaic_gpu", forward
-    and backward, lowers for the H200 with its two forward products on Mosaic GPU (shared memory
-    within the budget) and the backward's on Triton; T = 2293 (rows off the 8-row boxes)."""
-    hidden, inter, experts, top_k = 4096, 2048, 256, 8
+@pytest.mark.parametrize(
+    "activation,fmt", [("swiglu", "fp8"), ("swiglu", "fp8_block"), ("gptoss", "fp8")]
+)
+def test_full_size_fp8_activations_lower_to_mosaic_gpu(activation, fmt):
+    """SwiGLU-256's and gpt-oss's (K = N = 2880: 22.5 blocks) blocks at full size with
+    FP8-activation weights under "mosaic_gpu", forward and backward, lower for the H200 with their
+    two forward products on Mosaic GPU (shared memory within the budget) and the backward's on
+    Triton; T = 2293 (rows off the 8-row boxes)."""
+    hidden, inter, experts, top_k = (4096, 2048, 256, 8) if activation == "swiglu" else (
+        2880, 2880, 128, 4)  # fmt: skip
     dense = {
         "w_gate_up": SDS((experts, hidden, 2 * inter), jnp.bfloat16),
         "w_down": SDS((experts, inter, hidden), jnp.bfloat16),
@@ -205,7 +244,7 @@ def test_swiglu256_fp8_activations_lower_to_mosaic_gpu(fmt):
 
     def loss(x, idx, wts, params):
         out = moe_pallas.moe_experts(
-            x, idx, wts, params, activation="swiglu", implementation="mosaic_gpu"
+            x, idx, wts, params, activation=activation, implementation="mosaic_gpu"
         )
         return jnp.sum(out.astype(jnp.float32))
 

@@ -2,7 +2,7 @@
 
 What it takes: gmm and tgmm whose operands share one 16-bit float dtype (wgmma's inputs) and
 whose shapes it tiles (below), and gmm on FP8-activation weights (`quant.QuantizedWeight` with
-`fp8_activations`, K and N multiples of 128, plain or SwiGLU) on `kernels.gmm_fp8_mgpu`, the
+`fp8_activations`, the shapes and GLUs its Limits name) on `kernels.gmm_fp8_mgpu`, the
 activations quantised here (`quant.quantize_rows`) and their e4m3 rows gathered; the policy gives
 other calls, and the block's combine and GLU backward, to pallas_triton. A row
 gather reads an XLA-gathered copy of lhs (Hopper's TMA cannot gather rows). tgmm's rhs_sums come
@@ -110,7 +110,8 @@ def gmm_fp8(lhs, rhs, group_sizes, *, lhs_row_index=None, activation=None, **epi
     """An FP8-activation product: lhs quantised per row and 128 values of K, its e4m3 rows (not
     lhs's bf16 ones) gathered; fp8_block scales in the per-column form go to pallas_triton."""
     n_out = rhs.shape[2] // 2 if activation else rhs.shape[2]
-    if _gmm_fp8.check(rhs.shape[1], n_out, rhs.fmt, rhs.scales.shape, activation):
+    pitch = rhs.values.shape[2]
+    if _gmm_fp8.check(rhs.shape[1], n_out, rhs.fmt, rhs.scales.shape, activation, None, pitch):
         return pallas_triton.gmm(
             lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, activation=activation, **epilogue
         )

@@ -6,11 +6,11 @@ Math. Rows m in [0, M) fall into G contiguous groups by `group_sizes`; with b th
     acc[m, n] = Σ_b sx[m, b] · sw[g, b, n] · Σ_{k in b} x[m, k] · w[g, n, k]       (float32)
     out[m]    = glu((acc[m, :] · cs[g, :] + bias[g, :])) · row_scale[m]
 
-x [M, K] float8_e4m3fn with sx [M, K/128] (`quant.quantize_rows`), w a "fp8" or "fp8_block"
+x [M, K] float8_e4m3fn with sx [M, ⌈K/128⌉] (`quant.quantize_rows`), w a "fp8" or "fp8_block"
 `quant.QuantizedWeight` (values [G, N, P] N-major, P ≥ K its row pitch): "fp8" has cs its column
-scales and sw = 1, "fp8_block" sw its [G, K/128, N/128] block scales and cs = 1. The GLU (SwiGLU,
-optional) takes the gate and up halves of N, as `gmm_mgpu`'s. Rows past sum(group_sizes) are
-zeros. The value is `kernels.gmm_quant`'s FP8-activation product (the same quantised operands),
+scales and sw = 1, "fp8_block" sw its [G, ⌈K/128⌉, ⌈N/128⌉] block scales and cs = 1. The GLU
+(optional) takes SwiGLU's gate and up halves of N, or gpt-oss's interleaved columns (gate 2j, up
+2j + 1), as `activations.split_gate_up`. Rows past sum(group_sizes) are zeros. The value is `kernels.gmm_quant`'s FP8-activation product (the same quantised operands),
 up to the tensor core's sum within each 128-deep chain and the order of the float32 additions
 (on an H100 a float32 output measured within 1.4e-4 of float64).
 
@@ -30,12 +30,22 @@ block_n] accumulator (one wgmma chain of 128, a wait on it), adds it times its r
 block's) scale into the float32 sum (a carry of the pipeline), and at the end runs the epilogue
 (column scale, bias, GLU, row scale; loaded by TMA while the K loop runs) and stores its rows
 (`gmm_mgpu._store_rows`). Ragged groups as `gmm_mgpu` (a visit computes its 8-aligned box, stores
-its own rows only).
+its own rows only). gpt-oss's GLU reads w's values as the free view [G, N/2, 2P], a gate row then
+its up row, so each half's tile is a [block_n, 128] window at column 0 or P of that view.
 
-Limits (ValueError; the pallas_triton backend takes every other call): K a multiple of 128 (one
-scale block a step), N (a GLU's half) of block_n = 128, "fp8_block" scales in the [G, K/128,
-N/128] form, activation None or "swiglu" (gpt-oss's interleaved gate/up columns would need a
-strided weight tile). No row gather: the backend passes x's rows gathered (TMA cannot gather).
+Tails (gpt-oss's K = N = 2880 are 22.5 blocks). TMA fills a box's part past the array with zeros
+and clips a store at its edge, so the last K step multiplies x's zero-filled columns (the weight
+tile's columns there are its row padding, zeros as `quant.with_row_pitch` writes them, the next
+half's first values in gpt-oss's view, or zero-filled: finite, so their products are zero), and
+the last column tile computes columns past N that its stores drop. TMA's tiled boxes need the
+GMEM rows a whole number of shared-memory tile rows: 128 bytes (128B swizzle) where K and P are
+multiples of 128, else 64 (64B swizzle; gpt-oss's 2880 = 45 · 64).
+
+Limits (ValueError; the pallas_triton backend takes every other call): K and P multiples of 64,
+N (a GLU's half) of 16, block_n = 128, "fp8_block" scales in the block form, with a GLU only where
+each half is whole scale blocks (not gpt-oss's interleaved columns, nor a half off 128), activation
+None, "swiglu" or "gptoss". No row gather: the backend passes x's rows gathered (TMA cannot
+gather).
 """
 
 import functools
@@ -61,7 +71,10 @@ BLOCK_M = 64  # rows per consumer warpgroup (one wgmma M)
 # 256) hang in Mosaic GPU's interpret mode, a pipeline barrier never completing (with no wgmma,
 # epilogue or store in the kernel too), so the CPU tests could not cover them.
 BLOCK_N = 128
-ACTIVATIONS = (None, "swiglu")
+# Shared-memory tiles of 128-byte rows (128B swizzle), or where K or the stored rows are not a
+# multiple of 128, of 64-byte rows: TMA's tiled boxes need the GMEM rows a whole number of tiles.
+SWIZZLE_TAIL = 64
+ACTIVATIONS = (None, "swiglu", "gptoss")
 
 
 def default_config(activation: str | None) -> MosaicConfig:
@@ -78,17 +91,30 @@ def default_config(activation: str | None) -> MosaicConfig:
 
 
 def check(
-    k: int, n_out: int, fmt: str, scales_shape, activation, config: MosaicConfig | None = None
+    k: int,
+    n_out: int,
+    fmt: str,
+    scales_shape,
+    activation,
+    config: MosaicConfig | None = None,
+    pitch: int | None = None,
 ) -> str:
-    """Why this kernel cannot run the call ('' when it can); scales_shape None: not checked."""
+    """Why this kernel cannot run the call ('' when it can); scales_shape and pitch (the stored
+    rows' length P) None: not checked."""
     if fmt not in ("fp8", "fp8_block"):
         return f"weights of format {fmt!r} (FP8 activations need 'fp8' or 'fp8_block')"
     if activation not in ACTIVATIONS:
         return f"activation={activation!r} (the kernel has {ACTIVATIONS})"
-    if k % BLOCK or n_out % BLOCK_N:
-        return f"K={k} or N={n_out} not a multiple of {BLOCK}"
-    blocks_n = n_out * (2 if activation else 1) // BLOCK_N
-    if fmt == "fp8_block" and scales_shape is not None and scales_shape[2] != blocks_n:
+    if k % SWIZZLE_TAIL or n_out % 16:
+        return f"K={k} or N={n_out} not a multiple of {SWIZZLE_TAIL} and 16 (TMA's tiled boxes)"
+    if pitch is not None and pitch % SWIZZLE_TAIL:
+        return f"stored rows of {pitch} bytes (TMA's tiled boxes: a multiple of {SWIZZLE_TAIL})"
+    if fmt == "fp8_block" and activation == "gptoss":
+        return "fp8_block with gpt-oss's interleaved GLU (a scale block holds gate and up columns)"
+    if fmt == "fp8_block" and activation and n_out % BLOCK_N:
+        return f"fp8_block with a GLU half of N={n_out} (its up half starts inside a scale block)"
+    blocks = (-(-k // BLOCK), -(-n_out * (2 if activation else 1) // BLOCK_N))
+    if fmt == "fp8_block" and scales_shape is not None and tuple(scales_shape[1:]) != blocks:
         return f"fp8_block scales {scales_shape} not one per 128 x 128 block"
     want = default_config(activation)
     config = config or want
@@ -116,6 +142,7 @@ def _kernel(
     has_bias: bool,
     has_row_scale: bool,
     activation: str | None,
+    swizzle: int,
 ):
     """Warpgroups 0 and 1 consume, 2 produces (module docstring, Tiling). sw_gmem: "fp8"'s column
     scales [G, parts, N_out], TMA-loaded for the epilogue; "fp8_block"'s [G, K/128, N/128], read
@@ -124,8 +151,7 @@ def _kernel(
     rows_total = x_gmem.shape[0]
     n_out = out_gmem.shape[1]
     bm, bn, stages = cfg.block_m, cfg.block_n, cfg.num_stages
-    cta_m, n_tiles, parts = 2 * bm, n_out // bn, 2 if activation else 1
-    swizzle = plgpu.find_swizzle(BLOCK * 8)  # a row of 128 e4m3 values: 128 bytes
+    cta_m, n_tiles, parts = 2 * bm, pl.cdiv(n_out, bn), 2 if activation else 1
     transforms = (plgpu.TilingTransform((8, swizzle)), plgpu.SwizzleTransform(swizzle))
 
     def pipeline(body, ctx):
@@ -134,7 +160,7 @@ def _kernel(
         )
         return plgpu.emit_pipeline_warp_specialized(
             body,
-            grid=(k_dim // BLOCK,),
+            grid=(pl.cdiv(k_dim, BLOCK),),
             memory_registers=40,
             in_specs=[
                 tile(cta_m),
@@ -147,8 +173,12 @@ def _kernel(
             compute_context=ctx,
         )
 
-    def w_windows(g, col0):  # SwiGLU's up half lies N_out rows of w below its gate half
+    def w_windows(g, col0):
         w_g = w_gmem.at[jnp.minimum(g, num_groups - 1)]
+        if activation == "gptoss":  # a row of w's view: a gate row, then its up row
+            pitch = w_gmem.shape[2] // 2
+            return [w_g.at[pl.ds(col0, bn), pl.ds(p * pitch, pitch)] for p in range(parts)]
+        # SwiGLU's up half lies N_out rows of w below its gate half.
         return [w_g.at[pl.ds(col0 + p * n_out, bn)] for p in range(parts)]
 
     ignore = lambda *_, **__: None  # allocations do not depend on the bodies
@@ -271,7 +301,8 @@ def gmm_fp8(
         raise ValueError(f"group_sizes must be [{num_groups}], got {group_sizes.shape}.")
     parts = 2 if activation else 1
     n_out = n_dim // parts
-    why = check(k_dim, n_out, w.fmt, w.scales.shape, activation, config)
+    pitch = w.values.shape[2]
+    why = check(k_dim, n_out, w.fmt, w.scales.shape, activation, config, pitch)
     if why:
         raise ValueError(f'gmm_fp8: {why}; use implementation="pallas_triton".')
     _common.check_epilogue(num_groups, n_dim, num_rows, bias, row_scale)
@@ -289,9 +320,17 @@ def gmm_fp8(
     x = jnp.pad(x, ((0, pad), (0, 0)))
     sx = jnp.pad(x_scales.astype(jnp.float32), ((0, pad), (0, 0))).T  # a step's scales: a row
     block_scales = w.fmt == "fp8_block"
-    sw = w.scales.astype(jnp.float32)
+    values, sw = w.values, w.scales.astype(jnp.float32)
+    if activation == "gptoss":  # w's rows 2j (gate) and 2j + 1 (up) as one row of a free view
+        values = values.reshape(num_groups, n_out, 2 * values.shape[2])
+
+    def halves(columns):  # [G, N] in w's column order -> [G, parts, N_out]
+        if activation == "gptoss":
+            return columns.reshape(num_groups, n_out, 2).transpose(0, 2, 1)
+        return columns.reshape(num_groups, parts, n_out)
+
     if not block_scales:
-        sw = sw.reshape(num_groups, parts, n_out)
+        sw = halves(sw)
     operands = [
         sched.group,
         sched.m_start // 8,
@@ -299,11 +338,11 @@ def gmm_fp8(
         sched.row_end,
         x,
         sx,
-        w.values,
+        values,
         sw,
     ]
     if bias is not None:
-        operands.append(bias.astype(jnp.float32).reshape(num_groups, parts, n_out))
+        operands.append(halves(bias.astype(jnp.float32)))
     if row_scale is not None:
         operands.append(jnp.pad(row_scale[:num_rows].astype(jnp.float32), (0, pad)))
     kernel = functools.partial(
@@ -316,6 +355,7 @@ def gmm_fp8(
         has_bias=bias is not None,
         has_row_scale=row_scale is not None,
         activation=activation,
+        swizzle=128 if k_dim % 128 == 0 and pitch % 128 == 0 else SWIZZLE_TAIL,
     )
     out = plgpu.kernel(
         kernel,
