@@ -57,10 +57,10 @@ def _padded_with_nan(qw, extra=128):
         # K and N tails (gpt-oss's 2880 is 22.5 blocks): the last K box zero-filled past K, the
         # last column tile's stores clipped at N; gpt-oss's interleaved gate and up columns
         # (64-byte shared-memory rows); rows unpadded (None: their last box zero-filled too)
-        ("fp8", "gptoss", 320, 144, [3, 0, 70, 11], jnp.bfloat16, 128),
+        ("fp8", "gptoss", 320, 192, [3, 0, 70, 11], jnp.bfloat16, 128),
         ("fp8", "gptoss", 192, 128, [0, 129], jnp.float32, None),
-        ("fp8_block", None, 320, 144, [9, 40, 0, 2], jnp.float32, 128),
-        ("fp8", "swiglu", 192, 144, [17, 5], jnp.bfloat16, None),  # the gate tile reads up rows
+        ("fp8_block", None, 320, 192, [9, 40, 0, 2], jnp.float32, 128),
+        ("fp8", "swiglu", 192, 192, [17, 5], jnp.bfloat16, None),  # the gate tile reads up rows
     ],
 )
 def test_gmm_fp8_matches_oracle(fmt, activation, k, n_out, sizes, out_dtype, pad):
@@ -151,6 +151,7 @@ def test_mosaic_gpu_backend_runs_fp8_activation_products(monkeypatch):
     assert mosaic_backend.supports(problem(activation="gptoss", k=2880, n=2880))
     assert not mosaic_backend.supports(problem(activation="gptoss", weight_format="fp8_block"))
     assert not mosaic_backend.supports(problem(k=2912))  # TMA tiles: K a multiple of 64
+    assert not mosaic_backend.supports(problem(n=144))  # and N (the output's tiles)
     assert not mosaic_backend.supports(problem(fp8_activations=False))
     assert not mosaic_backend.supports(problem(weight_format="mxfp4", fp8_activations=False))
     gptoss = {
@@ -170,10 +171,11 @@ def test_mosaic_gpu_backend_runs_fp8_activation_products(monkeypatch):
 
 
 def test_auto_takes_fp8_activation_products_where_the_table_has_an_entry(monkeypatch):
-    """ "auto" on the H200 gives SwiGLU-256's FP8-activation products (gate_up's GLU with its
-    gathered rows, and down) to mosaic_gpu at 17+ rows per expert, where the table has "gmm_a8" /
-    "gmm_glu_a8" entries keyed by the stored float8_e4m3fn; decode sizes, shapes without an
-    entry and weights-only fp8 products stay on Triton."""
+    """ "auto" on the H200 gives SwiGLU-256's and gpt-oss's FP8-activation products (gate_up's GLU
+    with its gathered rows, and down) to mosaic_gpu at 17+ rows per expert, where the table has
+    "gmm_a8" / "gmm_glu_a8" entries keyed by the stored float8_e4m3fn; decode sizes, shapes
+    without an entry, gpt-oss's GLU on fp8_block weights and weights-only fp8 products stay on
+    Triton."""
     as_if_h200(monkeypatch)
 
     def problem(kernel, rows=65536, a8=True, k=4096, n=2048):
@@ -190,6 +192,13 @@ def test_auto_takes_fp8_activation_products_where_the_table_has_an_entry(monkeyp
     assert select(problem("gmm_glu", rows=2048)) == "pallas_triton"  # 8: decode
     assert select(problem("gmm")) == "pallas_triton"  # no entry for K = 4096, N = 2048
     assert select(problem("gmm_glu", a8=False)) == "pallas_triton"
+    gptoss = lambda kernel, fmt="fp8", **kw: problem(kernel, k=2880, n=2880, **kw)._replace(
+        weight_format=fmt, activation="gptoss" if kernel == "gmm_glu" else None
+    )
+    assert select(gptoss("gmm_glu")) == select(gptoss("gmm", rows=8192)) == "mosaic_gpu"
+    assert select(gptoss("gmm", fmt="fp8_block")) == "mosaic_gpu"
+    assert select(gptoss("gmm_glu", fmt="fp8_block")) == "pallas_triton"
+    assert select(gptoss("gmm_glu", rows=2048)) == "pallas_triton"
     # the backend runs the kernel with the entry's config, else the kernel's default
     dense = SDS((256, 4096, 4096), jnp.bfloat16)
     w = jax.eval_shape(lambda d: quant.quantize_weight(d, "fp8_block"), dense)

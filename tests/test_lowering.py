@@ -230,23 +230,28 @@ def test_mosaic_gpu_table_entries_lower(entry):
 
 
 def _lower_fp8_entry(kernel, k, n, groups, cfg):
-    """An FP8-activation entry's kernel lowers for the H200 on both fp8 formats, its epilogue as
-    the layer's (the GLU's, or the row scale)."""
+    """An FP8-activation entry's kernel lowers for the H200 on both fp8 formats and, for a GLU,
+    both activations, where the kernel takes them, its epilogue as the layer's (the GLU's, or the
+    row scale)."""
     from moe_pallas import quant
-    from moe_pallas.kernels.gmm_fp8_mgpu import gmm_fp8
+    from moe_pallas.kernels.gmm_fp8_mgpu import check, gmm_fp8
 
-    activation = "swiglu" if kernel == "gmm_glu_a8" else None
-    width = 2 * n if activation else n
-    rows = 512 * groups
-    for fmt in ("fp8", "fp8_block"):
-        dense = SDS((groups, k, width), jnp.bfloat16)
-        w = jax.eval_shape(lambda d, fmt=fmt: quant.quantize_weight(d, fmt), dense)
-        args = (SDS((rows, k), jnp.float8_e4m3fn), SDS((rows, k // 128), jnp.float32), w)
-        fn = lambda x, xs, w, sizes, scale, act=activation: gmm_fp8(
-            x, xs, w, sizes, activation=act, row_scale=None if act else scale, config=cfg
-        )
-        sizes_scale = (SDS((groups,), jnp.int32), SDS((rows,), jnp.float32))
-        assert lower_for_h200(fn, *args, *sizes_scale).count("mosaic_gpu_v2") == 1
+    rows, lowered = 512 * groups, 0
+    for activation in ("swiglu", "gptoss") if kernel == "gmm_glu_a8" else (None,):
+        width = 2 * n if activation else n
+        for fmt in ("fp8", "fp8_block"):
+            dense = SDS((groups, k, width), jnp.bfloat16)
+            w = jax.eval_shape(lambda d, fmt=fmt: quant.quantize_weight(d, fmt), dense)
+            if check(k, n, fmt, w.scales.shape, activation, cfg, w.values.shape[2]):
+                continue
+            args = (SDS((rows, k), jnp.float8_e4m3fn), SDS((rows, -(-k // 128)), jnp.float32), w)
+            fn = lambda x, xs, w, sizes, scale, act=activation: gmm_fp8(
+                x, xs, w, sizes, activation=act, row_scale=None if act else scale, config=cfg
+            )
+            sizes_scale = (SDS((groups,), jnp.int32), SDS((rows,), jnp.float32))
+            assert lower_for_h200(fn, *args, *sizes_scale).count("mosaic_gpu_v2") == 1
+            lowered += 1
+    assert lowered
 
 
 @pytest.mark.parametrize("activation", ["gptoss", "swiglu"])

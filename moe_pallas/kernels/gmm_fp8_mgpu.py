@@ -41,8 +41,8 @@ the last column tile computes columns past N that its stores drop. TMA's tiled b
 GMEM rows a whole number of shared-memory tile rows: 128 bytes (128B swizzle) where K and P are
 multiples of 128, else 64 (64B swizzle; gpt-oss's 2880 = 45 · 64).
 
-Limits (ValueError; the pallas_triton backend takes every other call): K and P multiples of 64,
-N (a GLU's half) of 16, block_n = 128, "fp8_block" scales in the block form, with a GLU only where
+Limits (ValueError; the pallas_triton backend takes every other call): K, P and N (a GLU's half)
+multiples of 64 (the output's shared-memory tiles: 64 bf16 values a row), block_n = 128, "fp8_block" scales in the block form, with a GLU only where
 each half is whole scale blocks (not gpt-oss's interleaved columns, nor a half off 128), activation
 None, "swiglu" or "gptoss". No row gather: the backend passes x's rows gathered (TMA cannot
 gather).
@@ -73,6 +73,7 @@ BLOCK_M = 64  # rows per consumer warpgroup (one wgmma M)
 BLOCK_N = 128
 # Shared-memory tiles of 128-byte rows (128B swizzle), or where K or the stored rows are not a
 # multiple of 128, of 64-byte rows: TMA's tiled boxes need the GMEM rows a whole number of tiles.
+# The output's tiles (128-byte rows: 64 bf16 values) need N_out a multiple of 64 likewise.
 SWIZZLE_TAIL = 64
 ACTIVATIONS = (None, "swiglu", "gptoss")
 
@@ -105,8 +106,8 @@ def check(
         return f"weights of format {fmt!r} (FP8 activations need 'fp8' or 'fp8_block')"
     if activation not in ACTIVATIONS:
         return f"activation={activation!r} (the kernel has {ACTIVATIONS})"
-    if k % SWIZZLE_TAIL or n_out % 16:
-        return f"K={k} or N={n_out} not a multiple of {SWIZZLE_TAIL} and 16 (TMA's tiled boxes)"
+    if k % SWIZZLE_TAIL or n_out % SWIZZLE_TAIL:
+        return f"K={k} or N={n_out} not a multiple of {SWIZZLE_TAIL} (TMA's tiled boxes)"
     if pitch is not None and pitch % SWIZZLE_TAIL:
         return f"stored rows of {pitch} bytes (TMA's tiled boxes: a multiple of {SWIZZLE_TAIL})"
     if fmt == "fp8_block" and activation == "gptoss":
