@@ -3,8 +3,9 @@
 Inside the context (at trace time: enable it before jit traces your step), `moe_experts` and
 `ragged_dot` check their data on the device and raise, through `jax.debug.callback`, a ValueError
 naming the argument when expert ids fall outside [0, E), routing weights or tokens are not finite,
-group sizes are negative or do not sum to at most the row count, or an mxfp4 weight claims
-`small_scales` that its scales exceed.
+group sizes are negative or do not sum to at most the row count, an mxfp4 weight claims
+`small_scales` that its scales exceed, or an fp8 weight's row padding up to the next multiple of
+128 values (which Mosaic GPU's FP8-activation kernel reads, against zeros) is not finite.
 
 Under `jit` JAX (0.11.2) does not re-raise an exception of a host callback: the step raises
 `jax.errors.JaxRuntimeError` ("INTERNAL: CpuCallback error calling callback: ...", the
@@ -21,6 +22,7 @@ import contextlib
 import threading
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from moe_pallas.quant import MX_SMALL_CODE
@@ -120,3 +122,24 @@ def check_scale_bound(name: str, w) -> None:
         )
 
     jax.debug.callback(host_check, w.scales)
+
+
+def check_row_padding(name: str, w) -> None:
+    """Device-side check that a padded fp8 `QuantizedWeight`'s row padding up to the next multiple
+    of 128 values is finite: `kernels.gmm_fp8_mgpu` reads it on a K tail's last step, times x's
+    zeros (`quant.with_row_pitch` writes zeros). No-op unless enabled, or for unpadded weights."""
+    k = getattr(w, "k", None)
+    if not enabled() or k is None:
+        return
+    end = min(-(-k // 128) * 128, w.values.shape[2])
+    if end == k:
+        return
+
+    def host_check(finite):
+        _raise_if(
+            not bool(finite),
+            f"{name}'s row padding (values [:, :, {k}:{end}]) holds NaN; pad the rows with "
+            "zeros (moe_pallas.quant.with_row_pitch).",
+        )
+
+    jax.debug.callback(host_check, jnp.isfinite(w.values[:, :, k:end]).all())

@@ -266,3 +266,21 @@ def test_full_size_fp8_activations_lower_to_mosaic_gpu(activation, fmt):
     )
     text = lower_for_h200(jax.grad(loss, argnums=(0, 2)), *args)
     assert text.count("mosaic_gpu_v2") == 2 and triton_calls(text) >= 3
+
+
+def test_debug_checks_catch_non_finite_row_padding():
+    """Under debug_checks a padded fp8 weight whose padding up to the next 128 values (what the
+    kernel's last K box reads) holds NaN is an error naming the weight; NaN further on is not."""
+    rng = np.random.default_rng()
+    k = 192
+    w = quant.quantize_weight(jnp.asarray(rng.standard_normal((2, k, 64)), jnp.bfloat16), "fp8")
+    x = jnp.asarray(rng.standard_normal((4, k)), jnp.bfloat16)
+    sizes = jnp.array([3, 1], jnp.int32)
+    with moe_pallas.debug_checks():
+        moe_pallas.ragged_dot(x, _padded_with_nan(w), sizes, implementation="xla")
+    bad = dataclasses.replace(
+        w, values=jnp.pad(w.values, ((0, 0), (0, 0), (0, 64)), constant_values=jnp.nan), k=k
+    )
+    match = r"rhs's row padding .*192:256.*with_row_pitch"
+    with pytest.raises(ValueError, match=match), moe_pallas.debug_checks():
+        moe_pallas.ragged_dot(x, bad, sizes, implementation="xla")
