@@ -37,14 +37,15 @@ PITCH_MAX_OVERHEAD of the row (gpt-oss's K = 2880 -> 3072, 6.7% more bytes; SwiG
 2048 are whole already), and `QuantizedWeight.k` keeps K. The Triton kernels read each row's first
 K bytes only (every tile's loads are masked at K); Mosaic GPU's FP8-activation kernel, whose TMA
 boxes cannot stop inside a row, reads a K tail's last 128-value box on into the padding against
-x's zero-filled columns, so the padding must be finite (zeros, as written here). The padding
-only makes every row start on a 256-byte boundary, where gpt-oss's rows of 2880 bytes start on 64-byte ones, every other
-one across a 128-byte line (on an H100, gpt-oss's fp8 decode calls read 5.5-6.0% faster per byte
-with 256-byte rows: docs/decisions.md). `dequantize` and the checkpoint writers drop it. Weights
-with FP8 activations keep unpadded rows where the padding would take the values past
-AS_LOADED_MAX_BYTES (gpt-oss's gate_up at E = 128: 2.12 -> 2.26 GB): past it the kernel reads them
-as uint16 byte pairs (`kernels.gmm_quant`, Offsets) and multiplies in float16, where the FP8 tensor
-cores take the tiles as loaded, one byte an element.
+x's zero-filled columns, so the padding must be finite (zeros, as written here; `debug_checks`
+checks it). The padding only makes every row start on a 256-byte boundary, where gpt-oss's rows
+of 2880 bytes start on 64-byte ones, every other one across a 128-byte line (on an H100, gpt-oss's
+fp8 decode calls read 5.5-6.0% faster per byte with 256-byte rows: docs/decisions.md).
+`dequantize` and the checkpoint writers drop it. Weights with FP8 activations keep unpadded rows
+where the padding would take the values past AS_LOADED_MAX_BYTES (gpt-oss's gate_up at E = 128:
+2.12 -> 2.26 GB): past it the kernel reads them as uint16 byte pairs (`kernels.gmm_quant`, Offsets)
+and multiplies in float16, where the FP8 tensor cores take the tiles as loaded, one byte an
+element.
 
 `dtype` is the weight's logical dtype (what `dequantize_experts` returns and what it must match
 in `moe_experts`, x's dtype); `astype` changes only it. The stored values never become a bf16

@@ -200,8 +200,9 @@ def _mosaic_entries():
 )
 def test_mosaic_gpu_table_entries_lower(entry):
     """Every Mosaic GPU config the table ships lowers for the H200 as the backend runs it (its
-    kernel's epilogue, bf16 output; FP8-activation entries on `gmm_fp8_mgpu`): Mosaic GPU checks the kernel's shared memory against the
-    H200's 227 KiB while lowering, so an entry past it fails here rather than on the GPU."""
+    kernel's epilogue, bf16 output; FP8-activation entries on `gmm_fp8_mgpu`): Mosaic GPU checks
+    the kernel's shared memory against the H200's 227 KiB while lowering, so an entry past it
+    fails here rather than on the GPU."""
     from moe_pallas.kernels import gmm_mgpu
 
     cfg = gmm_mgpu.MosaicConfig(**entry["config"])

@@ -10,17 +10,18 @@ x [M, K] float8_e4m3fn with sx [M, ⌈K/128⌉] (`quant.quantize_rows`), w a "fp
 `quant.QuantizedWeight` (values [G, N, P] N-major, P ≥ K its row pitch): "fp8" has cs its column
 scales and sw = 1, "fp8_block" sw its [G, ⌈K/128⌉, ⌈N/128⌉] block scales and cs = 1. The GLU
 (optional) takes SwiGLU's gate and up halves of N, or gpt-oss's interleaved columns (gate 2j, up
-2j + 1), as `activations.split_gate_up`. Rows past sum(group_sizes) are zeros. The value is `kernels.gmm_quant`'s FP8-activation product (the same quantised operands),
-up to the tensor core's sum within each 128-deep chain and the order of the float32 additions
-(on an H100 a float32 output measured within 1.4e-4 of float64).
+2j + 1), as `activations.split_gate_up`. Rows past sum(group_sizes) are zeros. The value is
+`kernels.gmm_quant`'s FP8-activation product (the same quantised operands), up to the tensor
+core's sum within each 128-deep chain and the order of the float32 additions (on an H100 a
+float32 output measured within 1.4e-4 of float64).
 
 Why its own kernel. Each 128-deep block's products must be scaled in float32 before they join the
 sum (DeepSeek-V3's promotion: the tensor core sums a chain of e4m3 products with fewer bits than
-float32, so chains stay 128 deep). Triton's FP8-activation gmm waits on every block's dot before scaling it, so
-its tensor cores idle during the promotion; here two consumer warpgroups share each weight tile
-and wait only on their own wgmma, so one promotes while the other's wgmma runs. On an H100 the
-SwiGLU-256 layer ran 1.33-2.11x faster than on Triton's FP8 products at 64-256 rows per expert,
-but 7-16% slower at decode sizes, and on the H200 gpt-oss's 1.05-1.37x at 64-512
+float32, so chains stay 128 deep). Triton's FP8-activation gmm waits on every block's dot before
+scaling it, so its tensor cores idle during the promotion; here two consumer warpgroups share each
+weight tile and wait only on their own wgmma, so one promotes while the other's wgmma runs. On an
+H100 the SwiGLU-256 layer ran 1.33-2.11x faster than on Triton's FP8 products at 64-256 rows per
+expert, but 7-16% slower at decode sizes, and on the H200 gpt-oss's 1.05-1.37x at 64-512
 (docs/decisions.md), so "auto" takes it from 17 rows on.
 
 Tiling. `gmm_mgpu`'s split "m": a persistent CTA per SM walks the (visit, n-tile) pairs of
@@ -43,10 +44,10 @@ GMEM rows a whole number of shared-memory tile rows: 128 bytes (128B swizzle) wh
 multiples of 128, else 64 (64B swizzle; gpt-oss's 2880 = 45 · 64).
 
 Limits (ValueError; the pallas_triton backend takes every other call): K, P and N (a GLU's half)
-multiples of 64 (the output's shared-memory tiles: 64 bf16 values a row), block_n = 128, "fp8_block" scales in the block form, with a GLU only where
-each half is whole scale blocks (not gpt-oss's interleaved columns, nor a half off 128), activation
-None, "swiglu" or "gptoss". No row gather: the backend passes x's rows gathered (TMA cannot
-gather).
+multiples of 64 (the output's shared-memory tiles: 64 bf16 values a row), block_n = 128,
+"fp8_block" scales in the block form, with a GLU only where each half is whole scale blocks (not
+gpt-oss's interleaved columns, nor a half off 128), activation None, "swiglu" or "gptoss". No row
+gather: the backend passes x's rows gathered (TMA cannot gather).
 """
 
 import functools
