@@ -107,6 +107,13 @@ def check_group_sizes(group_sizes, num_rows: int) -> None:
     jax.debug.callback(host_check, group_sizes)
 
 
+def check_weight(name: str, w) -> None:
+    """The device-side checks of a stored expert weight (`check_scale_bound`,
+    `check_row_padding`; no-op unless enabled)."""
+    check_scale_bound(name, w)
+    check_row_padding(name, w)
+
+
 def check_scale_bound(name: str, w) -> None:
     """Device-side check that a `QuantizedWeight` claiming `small_scales` has no scale code above
     `quant.MX_SMALL_CODE` (no-op unless enabled, or for other weights)."""

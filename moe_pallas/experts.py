@@ -156,8 +156,7 @@ def moe_experts(
     ops.check_kernel_dtype("x", x, policy)
     params = {k: quant.guard_gradients(v) for k, v in params.items()}
     for name in ("w_gate_up", "w_down"):
-        debug.check_scale_bound(f"params[{name!r}]", params[name])
-        debug.check_row_padding(f"params[{name!r}]", params[name])
+        debug.check_weight(f"params[{name!r}]", params[name])
     if mesh is not None or return_stats:  # (parallel checks routing itself, mesh-wide)
         out, stats = parallel.moe_experts_parallel(
             x,

@@ -148,8 +148,7 @@ def ragged_dot(
     group_sizes = _check_group_sizes(group_sizes, rhs.shape[0], lhs.shape[0])
     out_dtype = _out_dtype(lhs, rhs, preferred_element_type)
     rhs = quant.guard_gradients(rhs)
-    debug.check_scale_bound("rhs", rhs)
-    debug.check_row_padding("rhs", rhs)
+    debug.check_weight("rhs", rhs)
     if policy == "xla" and quant.is_quantized(rhs):  # a dense copy per call
         if rhs.fp8_activations:  # the products the FP8 tensor cores compute, exactly
             lhs, rhs = quant.fp8_rows(lhs, jnp.float32), rhs.dequantize(jnp.float32)
