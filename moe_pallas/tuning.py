@@ -19,9 +19,11 @@ The table holds, per device name (`jax.Device.device_kind`, e.g. "NVIDIA H200"),
   "float4_e2m1fn"), a list of names, or "*"; k, n: an int or "*".
 - rows: the rows-per-group class of `rows_class`.
 
-The most specific matching entry wins (exact dtype, K and N before "*"). A device the table does
-not name uses the `default_device`'s "pallas_triton" entries only: the other backends' entries
-are measured choices, so they apply only on the device they were measured on. The
+The most specific matching entry wins (exact dtype, K and N before "*"). The other backends'
+entries are measured choices, so they apply only on the device they were measured on; a
+"pallas_triton" problem the device's own entries do not cover (every problem, on a device the
+table does not name) takes the `default_device`'s entry, so a device's table holds only what was
+measured on it. The
 `benchmarks/autotune_gmm.py` tuner writes entries with `write_entries`; nothing is tuned inside a
 user's `jit`.
 """
@@ -112,16 +114,20 @@ def lookup(
     GPU), or None if the table has none."""
     device = device_name() if device is ... else device
     device_table, own = _device_table(device, path)
-    if not own and backend != "pallas_triton":
-        return None
-    best, best_rank = None, None
-    for entry in device_table["entries"]:
-        if (entry["backend"], entry["kernel"], entry["rows"]) != (backend, kernel, rows):
-            continue
-        rank = _matches(entry, jnp.dtype(dtype).name, k, n)
-        if rank is not None and (best_rank is None or rank > best_rank):
-            best, best_rank = entry, rank
-    return None if best is None else dict(best["config"])
+    tables = [device_table] if own else []
+    if backend == "pallas_triton":
+        tables.append(_device_table(None, path)[0])
+    for candidates in tables:
+        best, best_rank = None, None
+        for entry in candidates["entries"]:
+            if (entry["backend"], entry["kernel"], entry["rows"]) != (backend, kernel, rows):
+                continue
+            rank = _matches(entry, jnp.dtype(dtype).name, k, n)
+            if rank is not None and (best_rank is None or rank > best_rank):
+                best, best_rank = entry, rank
+        if best is not None:
+            return dict(best["config"])
+    return None
 
 
 def _key(entry: dict) -> tuple:

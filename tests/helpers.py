@@ -78,15 +78,15 @@ def random_bytes(key, shape) -> "jax.Array":
     return jax.jit(lambda keys: jax.lax.map(draw, keys))(keys)
 
 
-def as_if_h200(monkeypatch, spy=None):
-    """Make the "auto" policy decide as on an H200 while the kernels run in interpret mode: the
-    tuning table read for "NVIDIA H200" and its backends available. `spy(name, op)` is called
-    for every gmm/tgmm a Mosaic GPU or cuBLAS-slab backend then runs."""
+def as_if_h200(monkeypatch, spy=None, device="NVIDIA H200"):
+    """Make the "auto" policy decide as on an H200 (or `device`) while the kernels run in
+    interpret mode: the tuning table read for that device and its backends available.
+    `spy(name, op)` is called for every gmm/tgmm a Mosaic GPU or cuBLAS-slab backend then runs."""
     import dataclasses
 
     from moe_pallas import backends, tuning
 
-    monkeypatch.setattr(tuning, "device_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(tuning, "device_name", lambda: device)
     for name in ("mosaic_gpu", "cublas_slab"):
         backend = backends.get(name)
         ops = {}

@@ -78,6 +78,26 @@ def test_unknown_device_uses_the_default_devices_triton_entries_only():
     assert triton == tuning.lookup("pallas_triton", "gmm", device="NVIDIA H200", **kwargs)
 
 
+def test_a_named_device_takes_the_default_devices_triton_entries_it_does_not_override():
+    """The H100's table holds only the Mosaic GPU FP8-activation entries measured on it
+    (SwiGLU-256's two forward products): those apply there, the H200's other Mosaic GPU entries
+    do not, and every Triton problem takes the H200's entry."""
+    h100 = "NVIDIA H100 80GB HBM3"
+    assert h100 in tuning.table()["devices"]
+    a8 = {"dtype": jnp.float8_e4m3fn, "rows": "large"}
+    for kernel, k, n in (("gmm_glu_a8", 4096, 2048), ("gmm_a8", 2048, 4096)):
+        here = tuning.lookup("mosaic_gpu", kernel, k=k, n=n, device=h100, **a8)
+        assert here == tuning.lookup("mosaic_gpu", kernel, k=k, n=n, device="NVIDIA H200", **a8)
+        assert here is not None
+    assert tuning.lookup("mosaic_gpu", "gmm_glu_a8", k=2880, n=2880, device=h100, **a8) is None
+    bf16 = {"dtype": jnp.bfloat16, "k": 2880, "n": 2880, "rows": "large"}
+    assert tuning.lookup("mosaic_gpu", "gmm", device=h100, **bf16) is None
+    for kernel in tuning.KERNELS:
+        triton = tuning.lookup("pallas_triton", kernel, device=h100, **bf16)
+        assert triton is not None
+        assert triton == tuning.lookup("pallas_triton", kernel, device="NVIDIA H200", **bf16)
+
+
 def _gmm_problem(kernel, rows, k=2880, n=2880, dtype=jnp.bfloat16, out=jnp.bfloat16, gather=False):
     return backends.Problem(kernel, (dtype, dtype), jnp.dtype(out), k, n, rows, 128, gather, True)
 
