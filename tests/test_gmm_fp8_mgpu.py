@@ -175,7 +175,7 @@ def test_auto_takes_fp8_activation_products_where_the_table_has_an_entry(monkeyp
     with its gathered rows, and down) to mosaic_gpu at 17+ rows per expert, where the table has
     "gmm_a8" / "gmm_glu_a8" entries keyed by the stored float8_e4m3fn; decode sizes, shapes
     without an entry, gpt-oss's GLU on fp8_block weights and weights-only fp8 products stay on
-    Triton. On the H100 only SwiGLU-256's products have entries."""
+    Triton. On the H100 gpt-oss's products have entries in the large class only."""
     as_if_h200(monkeypatch)
 
     def problem(kernel, rows=65536, a8=True, k=4096, n=2048):
@@ -199,10 +199,11 @@ def test_auto_takes_fp8_activation_products_where_the_table_has_an_entry(monkeyp
     assert select(gptoss("gmm", fmt="fp8_block")) == "mosaic_gpu"
     assert select(gptoss("gmm_glu", fmt="fp8_block")) == "pallas_triton"
     assert select(gptoss("gmm_glu", rows=2048)) == "pallas_triton"
-    # the H100's table holds SwiGLU-256's entries only (the products measured there)
+    # the H100's table holds what was measured there: gpt-oss's in the large class only
     as_if_h200(monkeypatch, device="NVIDIA H100 80GB HBM3")
     assert select(problem("gmm_glu")) == select(problem("gmm", k=2048, n=4096)) == "mosaic_gpu"
-    assert select(gptoss("gmm_glu")) == select(gptoss("gmm")) == "pallas_triton"
+    assert select(gptoss("gmm_glu")) == select(gptoss("gmm")) == "mosaic_gpu"
+    assert select(gptoss("gmm_glu", rows=32768)) == "pallas_triton"  # 128 rows per expert
     as_if_h200(monkeypatch)
     # the backend runs the kernel with the entry's config, else the kernel's default
     dense = SDS((256, 4096, 4096), jnp.bfloat16)

@@ -80,8 +80,8 @@ def test_unknown_device_uses_the_default_devices_triton_entries_only():
 
 def test_a_named_device_takes_the_default_devices_triton_entries_it_does_not_override():
     """The H100's table holds only the Mosaic GPU FP8-activation entries measured on it
-    (SwiGLU-256's two forward products): those apply there, the H200's other Mosaic GPU entries
-    do not, and every Triton problem takes the H200's entry."""
+    (SwiGLU-256's two forward products, gpt-oss's in the large class): those apply there, the
+    H200's other Mosaic GPU entries do not, and every Triton problem takes the H200's entry."""
     h100 = "NVIDIA H100 80GB HBM3"
     assert h100 in tuning.table()["devices"]
     a8 = {"dtype": jnp.float8_e4m3fn, "rows": "large"}
@@ -89,7 +89,9 @@ def test_a_named_device_takes_the_default_devices_triton_entries_it_does_not_ove
         here = tuning.lookup("mosaic_gpu", kernel, k=k, n=n, device=h100, **a8)
         assert here == tuning.lookup("mosaic_gpu", kernel, k=k, n=n, device="NVIDIA H200", **a8)
         assert here is not None
-    assert tuning.lookup("mosaic_gpu", "gmm_glu_a8", k=2880, n=2880, device=h100, **a8) is None
+    gptoss = {"dtype": jnp.float8_e4m3fn, "k": 2880, "n": 2880, "device": h100}
+    assert tuning.lookup("mosaic_gpu", "gmm_glu_a8", rows="large", **gptoss) is not None
+    assert tuning.lookup("mosaic_gpu", "gmm_glu_a8", rows="small", **gptoss) is None
     bf16 = {"dtype": jnp.bfloat16, "k": 2880, "n": 2880, "rows": "large"}
     assert tuning.lookup("mosaic_gpu", "gmm", device=h100, **bf16) is None
     for kernel in tuning.KERNELS:
