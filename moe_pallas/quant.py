@@ -74,7 +74,8 @@ calls multiply the same values in float16). On the H200 the gpt-oss layer ran
 bf16 at 512 (docs/decisions.md): the kernel waits on each step's fp8 dot before scaling it.
 Mosaic GPU's kernel overlaps that scaling with the other warpgroup's dot: SwiGLU-256's layer ran
 1.42-1.57x bf16's speed at 64-256 rows per expert on an H100, gpt-oss's 1.17-1.27x at 64-512 on
-the H200 ("auto" takes it there). The result is then the product of the
+the H200 ("auto" takes it where the tuning table has its entries: both workloads on the H200 and
+the H100, gpt-oss's on the H100 above 128 rows per expert). The result is then the product of the
 quantised activations with the weights (e4m3 keeps 4 significant bits: each activation within
 2^-4 of its value, relative), no longer the bf16 layer's within bf16 rounding
 (docs/reliability.md); the xla backend computes the same quantised product. The backward's

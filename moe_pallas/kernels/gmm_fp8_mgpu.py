@@ -22,7 +22,8 @@ scaling it, so its tensor cores idle during the promotion; here two consumer war
 weight tile and wait only on their own wgmma, so one promotes while the other's wgmma runs. On an
 H100 the SwiGLU-256 layer ran 1.33-2.11x faster than on Triton's FP8 products at 64-256 rows per
 expert, but 7-16% slower at decode sizes, and on the H200 gpt-oss's 1.05-1.37x at 64-512
-(docs/decisions.md), so "auto" takes it from 17 rows on.
+(docs/decisions.md), so "auto" takes it from 17 rows on; on an H100 gpt-oss's only above 128
+rows per expert (1.31x at 512, no faster at 64-128).
 
 Tiling. `gmm_mgpu`'s split "m": a persistent CTA per SM walks the (visit, n-tile) pairs of
 `dispatch.tile_schedule(align=8)` at 2·64 rows; a producer warpgroup streams, per 128-deep K step,
