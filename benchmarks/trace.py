@@ -19,9 +19,18 @@ gather the kernels fuse. The steps' GPU span (first kernel start to last kernel 
 summed kernel time is the time the GPU sat idle between kernels within the steps.
 
 The report (markdown): per case, the step time of both, the device time per class, and ours'
-kernels by device time. Off a GPU the profile has no device plane: the tables list no kernels
-(the run still checks the plumbing).
+kernels by device time; a case that failed (out of memory on a smaller card) is listed under
+"Not traced" with its reason, and the cases after it still run. Off a GPU the profile has no device
+plane: the tables list no kernels (the run still checks the plumbing).
 """
+
+import os
+
+# The trace times no torch peer (the lines of fwd and train cases are XLA dots), so jax may grow its
+# pool past the 65% that benchmarks.run leaves the torch peers: under it (52 GiB of an 80 GiB H100)
+# the trace of SwiGLU-256's train step at T = 2048 ran out of memory. Read when jax creates its GPU
+# client, so set before benchmarks.run's own default.
+os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
 
 import argparse
 import sys
@@ -30,6 +39,7 @@ from pathlib import Path
 
 import jax
 from jax._src.lib import _profiler
+from tqdm import tqdm
 
 from benchmarks import cases as _cases
 from benchmarks import impls as _impls
@@ -128,21 +138,31 @@ def matmul_flops(case: _cases.Case) -> float:
 
 
 def trace_case(case: _cases.Case, impl: str, steps: int, budget_s: float) -> dict:
-    params = _cases.make_params(case.workload)
-    inputs = _run._inputs(case, params)
+    """The case's result for the report; a case that fails (out of memory on a smaller card, an
+    implementation that refuses it) is a result too, {"case", "failed": reason}, and the run
+    goes on to the next case."""
     result = {"case": case.name, "flops": matmul_flops(case)}
-    for name in (impl, _impls.LINE):
-        prep = _impls.IMPLS[name](case, inputs)
-        seconds, _, _ = _run.measure(prep, budget_s)
-        kernels, span_us = profile(prep, steps)
-        result[name] = {
-            "step_ms": seconds * 1e3,
-            "span_us": span_us,
-            "kernels": kernels,
-            "classes": by_class(kernels),
-            "note": prep.note,
-        }
-        del prep
+    stage = "the inputs"
+    try:
+        params = _cases.make_params(case.workload)
+        inputs = _run._inputs(case, params)
+        for name in (impl, _impls.LINE):
+            stage = name
+            prep = _impls.IMPLS[name](case, inputs)
+            seconds, _, _ = _run.measure(prep, budget_s)
+            kernels, span_us = profile(prep, steps)
+            result[name] = {
+                "step_ms": seconds * 1e3,
+                "span_us": span_us,
+                "kernels": kernels,
+                "classes": by_class(kernels),
+                "note": prep.note,
+            }
+            del prep
+    except Exception as err:  # noqa: BLE001 - one case's failure is a line of the report
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
+        kind = "ran out of memory" if _run._is_oom(err) else "failed"
+        return {"case": case.name, "failed": f"{stage} {kind}: {type(err).__name__}: {first}"}
     return result
 
 
@@ -170,6 +190,8 @@ def summary(results: list[dict], impl: str) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
+        if "failed" in r:
+            continue
         ours, line = r[impl], r[_impls.LINE]
         cores, device = _split(r, impl)
         lines.append(
@@ -184,7 +206,12 @@ def summary(results: list[dict], impl: str) -> list[str]:
 
 def report(results: list[dict], impl: str, meta: str, top: int = 12) -> str:
     lines = ["# Where the time goes", "", meta, "", *summary(results, impl), ""]
+    failed = [r for r in results if "failed" in r]
+    if failed:
+        lines += ["Not traced:", "", *(f"- {r['case']}: {r['failed']}" for r in failed), ""]
     for r in results:
+        if "failed" in r:
+            continue
         ours, line = r[impl], r[_impls.LINE]
         cores, device = _split(r, impl)
         lines += [
@@ -254,7 +281,9 @@ def main(argv: list[str] | None = None) -> str:
     if args.steps < 1:
         parser.error(f"--steps must be >= 1, got {args.steps}.")
     case_list = [parse_case(c, args.small) for c in args.case]
-    results = [trace_case(c, args.impl, args.steps, args.budget) for c in case_list]
+    results = []
+    for case in tqdm(case_list, desc="trace", unit="case", file=sys.stderr):
+        results.append(trace_case(case, args.impl, args.steps, args.budget))
     meta = (
         f"Device: {jax.devices()[0].device_kind} · jax {jax.__version__} · commit "
         f"`{provenance.git_commit()}` · `python -m benchmarks.trace "

@@ -845,6 +845,47 @@ def test_trace_report_splits_each_case_against_the_line():
     assert "## gptoss/fwd/T=16384" in text and "| **around the cores** | 120 | 0 |" in text
 
 
+def test_trace_lists_a_failed_case_and_runs_the_next(monkeypatch):
+    """A case that runs out of memory is a "Not traced" line with its reason, not the end of the
+    run: the case after it is still traced and reported."""
+    from benchmarks import trace
+
+    line = impls.IMPLS[impls.LINE]
+
+    def line_oom_on_train(case, inputs):
+        if case.mode == "train":
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4.00GiB")
+        return line(case, inputs)
+
+    monkeypatch.setitem(impls.IMPLS, impls.LINE, line_oom_on_train)
+    text = trace.main(
+        ["--small", "--steps", "1", "--budget", "0.01", "--case", "gptoss:train:4", "gptoss:fwd:4"]
+    )
+    assert "Not traced:" in text
+    assert (
+        "- gptoss/train/T=4: cublas_line ran out of memory: RuntimeError: RESOURCE_EXHAUSTED"
+        in text
+    )
+    assert "## gptoss/fwd/T=4" in text and "## gptoss/train/T=4" not in text
+    assert "| gptoss/fwd/T=4 |" in text and "| gptoss/train/T=4 |" not in text
+
+
+def test_rel_err_sums_slices_of_the_first_axis():
+    """The runner's relative error, summed slice by slice (a float32 weight gradient whole would be
+    a third full-size array), equals the whole-array norm ratio, for jax and numpy outputs."""
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((7, 5, 3)).astype(np.float32)
+    out = ref + 1e-3 * rng.standard_normal(ref.shape).astype(np.float32)
+    want = np.linalg.norm((out - ref).astype(np.float64)) / np.linalg.norm(ref.astype(np.float64))
+    for slice_bytes in (1, 4 * 15 * 2, 2**30):  # one row, two rows (a ragged last slice), all
+        got = run._rel_err(jnp.asarray(out, jnp.bfloat16).astype(jnp.float32), ref, slice_bytes)
+        whole = run._rel_err(jnp.asarray(out), jnp.asarray(ref), slice_bytes)
+        assert whole == pytest.approx(want, rel=1e-4)
+        assert got == pytest.approx(run._rel_err(jnp.asarray(out, jnp.bfloat16), ref), rel=1e-4)
+    assert run._rel_err(np.float32(2.0), np.float32(1.0)) == pytest.approx(1.0)
+    assert run._rel_err(out, ref[:6]) is None and run._rel_err(None, ref) is None
+
+
 def test_canonical_script_names_existing_suites_and_implementations():
     """benchmarks/canonical.sh (the published run's steps): without a step it prints its usage and
     exits 2; every implementation and suite it names exists, and every trace case parses."""
