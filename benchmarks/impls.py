@@ -406,6 +406,15 @@ def _torch():
     return torch
 
 
+def release_torch_cache() -> None:
+    """Give the blocks torch's caching allocator holds back to the card, where torch has run: jax
+    shares the card, and a torch row's cache (a train step's weight clones and gradients) would
+    otherwise sit beside the rows that come after it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def _torch_glu(h, activation, torch):
     if activation == "gptoss":
         gate, up = h[..., 0::2].clamp(max=7.0), h[..., 1::2].clamp(-7.0, 7.0)

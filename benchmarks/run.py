@@ -242,6 +242,7 @@ def run_case(
             # `prep`, that cycle would keep the case's arrays on the device until a garbage
             # collection, past the next cases' allocations.
             prep = out = comparable = None
+            _impls.release_torch_cache()
         rows.append(row)
         if pbar is not None:
             pbar.set_postfix_str(f"{case.name} {name}: {row['status']}")

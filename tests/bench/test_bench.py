@@ -870,6 +870,31 @@ def test_trace_lists_a_failed_case_and_runs_the_next(monkeypatch):
     assert "| gptoss/fwd/T=4 |" in text and "| gptoss/train/T=4 |" not in text
 
 
+def test_torch_cache_goes_back_after_every_row(monkeypatch):
+    """A torch row's cached blocks go back to the card before the next row runs (jax shares the
+    card); without torch loaded, or before it touched CUDA, nothing is called."""
+    import types
+
+    emptied = []
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True,
+        is_initialized=lambda: True,
+        empty_cache=lambda: emptied.append(1),
+    )
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=cuda))
+    case = cases.suite_cases("decode", small=True)[0]
+    params = cases.make_params(case.workload)
+    rows = run.run_case(
+        case, ["jax.lax.ragged_dot", "fake oom"], params, H200, 0.01, skip={"fake oom": "no"}
+    )
+    assert [r["status"] for r in rows] == ["ok", "skipped"] and len(emptied) == 2
+    cuda.is_initialized = lambda: False
+    impls.release_torch_cache()
+    monkeypatch.delitem(sys.modules, "torch")
+    impls.release_torch_cache()
+    assert len(emptied) == 2
+
+
 def test_rel_err_sums_slices_of_the_first_axis():
     """The runner's relative error, summed slice by slice (a float32 weight gradient whole would be
     a third full-size array), equals the whole-array norm ratio, for jax and numpy outputs."""
