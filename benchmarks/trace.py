@@ -26,10 +26,11 @@ plane: the tables list no kernels (the run still checks the plumbing).
 
 import os
 
-# The trace times no torch peer (the lines of fwd and train cases are XLA dots), so jax may grow its
-# pool past the 65% that benchmarks.run leaves the torch peers: under it (52 GiB of an 80 GiB H100)
-# the trace of SwiGLU-256's train step at T = 2048 ran out of memory. Read when jax creates its GPU
-# client, so set before benchmarks.run's own default.
+# The trace times no torch peer (torch runs only as the line's torch.bmm variant, which gives way to
+# XLA's dot where its outputs do not fit), so jax may grow its pool past the 65% that
+# benchmarks.run leaves the torch peers: under it (52 GiB of an 80 GiB H100) the trace of
+# SwiGLU-256's train step at T = 2048 ran out of memory. Read when jax creates its GPU client, so
+# set before benchmarks.run's own default.
 os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
 
 import argparse

@@ -895,6 +895,36 @@ def test_torch_cache_goes_back_after_every_row(monkeypatch):
     assert len(emptied) == 2
 
 
+def test_line_takes_xla_alone_where_torch_bmm_runs_out_of_memory(monkeypatch):
+    """The cuBLAS line gives way to XLA's dot where torch.bmm's outputs do not fit in torch's
+    share of the card, and says so; torch's cache goes back first."""
+    import types
+
+    class OutOfMemoryError(RuntimeError):
+        pass
+
+    def from_dlpack(_):
+        raise OutOfMemoryError("CUDA out of memory. Tried to allocate 8.00 GiB.")
+
+    emptied = []
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True,
+        is_initialized=lambda: True,
+        empty_cache=lambda: emptied.append(1),
+        synchronize=lambda: None,
+        OutOfMemoryError=OutOfMemoryError,
+    )
+    monkeypatch.setitem(
+        sys.modules, "torch", types.SimpleNamespace(cuda=cuda, from_dlpack=from_dlpack)
+    )
+    case = cases.suite_cases("decode", small=True)[0]
+    inputs = run._inputs(case, cases.make_params(case.workload))
+    prep = impls.IMPLS[impls.LINE](case, inputs)
+    assert prep.note.startswith("xla dot_general (torch.bmm ran out of memory): ")
+    assert emptied == [1]
+    jax.block_until_ready(prep.call())
+
+
 def test_rel_err_sums_slices_of_the_first_axis():
     """The runner's relative error, summed slice by slice (a float32 weight gradient whole would be
     a third full-size array), equals the whole-array norm ratio, for jax and numpy outputs."""
