@@ -505,8 +505,8 @@ def _torch_prepare(case: Case, inputs: dict, layer, torch) -> Prepared:
         wait=lambda _: torch.cuda.synchronize(),
         peak_bytes=float(torch.cuda.max_memory_allocated() - base),
         compile_s=time.perf_counter() - start,
-        # Widened on the host: a float32 copy on the card (16 GiB for a SwiGLU-256 weight
-        # gradient) would stay in torch's cache, beside jax's pool, for the rest of the case.
+        # Widened on the host: a float32 copy on the card would ask torch's share of it for
+        # 16 GiB more at a SwiGLU-256 weight gradient.
         output=lambda out: out.cpu().float().numpy() if case.mode != "train" else None,
     )
 

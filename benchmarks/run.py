@@ -132,6 +132,12 @@ def _is_oom(err: BaseException) -> bool:
     return "resource_exhausted" in text or "out of memory" in text or "outofmemory" in text
 
 
+def _error_text(err: BaseException, limit: int = 300) -> str:
+    """The exception's type and the first line of its message, for a row's reason."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0][:limit] if text else ''}"
+
+
 @jax.jit
 def _squared_sums(out, ref):
     out, ref = out.astype(jnp.float32), ref.astype(jnp.float32)
@@ -233,10 +239,7 @@ def run_case(
         except NotImplementedError as err:
             row.update(status="skipped", message=f"not implemented: {err}")
         except Exception as err:  # noqa: BLE001 - a failing peer is a result, not a crash
-            first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
-            row.update(
-                status="oom" if _is_oom(err) else "error", message=f"{type(err).__name__}: {first}"
-            )
+            row.update(status="oom" if _is_oom(err) else "error", message=_error_text(err))
         finally:
             # A prepared-ahead exception raised here holds this frame in its traceback: left in
             # `prep`, that cycle would keep the case's arrays on the device until a garbage

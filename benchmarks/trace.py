@@ -161,9 +161,8 @@ def trace_case(case: _cases.Case, impl: str, steps: int, budget_s: float) -> dic
             }
             del prep
     except Exception as err:  # noqa: BLE001 - one case's failure is a line of the report
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else ""
         kind = "ran out of memory" if _run._is_oom(err) else "failed"
-        return {"case": case.name, "failed": f"{stage} {kind}: {type(err).__name__}: {first}"}
+        return {"case": case.name, "failed": f"{stage} {kind}: {_run._error_text(err)}"}
     return result
 
 
