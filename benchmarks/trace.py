@@ -179,7 +179,7 @@ def _split(r: dict, impl: str) -> tuple[dict, dict]:
 
 
 def summary(results: list[dict], impl: str) -> list[str]:
-    """One row per case: the step ratio, then what its device time splits into (µs per step):
+    """One row per traced case: the step ratio, then what its device time splits into (µs per step):
     the matmul cores of both (and their TFLOP/s), what ours adds around the cores, and the GPU's
     idle time between our kernels."""
     lines = [
@@ -190,8 +190,6 @@ def summary(results: list[dict], impl: str) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        if "failed" in r:
-            continue
         ours, line = r[impl], r[_impls.LINE]
         cores, device = _split(r, impl)
         lines.append(
@@ -205,13 +203,12 @@ def summary(results: list[dict], impl: str) -> list[str]:
 
 
 def report(results: list[dict], impl: str, meta: str, top: int = 12) -> str:
-    lines = ["# Where the time goes", "", meta, "", *summary(results, impl), ""]
+    traced = [r for r in results if "failed" not in r]
     failed = [r for r in results if "failed" in r]
+    lines = ["# Where the time goes", "", meta, "", *summary(traced, impl), ""]
     if failed:
         lines += ["Not traced:", "", *(f"- {r['case']}: {r['failed']}" for r in failed), ""]
-    for r in results:
-        if "failed" in r:
-            continue
+    for r in traced:
         ours, line = r[impl], r[_impls.LINE]
         cores, device = _split(r, impl)
         lines += [
