@@ -6,7 +6,7 @@
 #   benchmarks/canonical.sh 2    # swiglu256 forward suite, likewise (appended)
 #   benchmarks/canonical.sh 3    # decode, with the quantised peers
 #   benchmarks/canonical.sh 4    # the gmm micro-benchmarks
-#   benchmarks/canonical.sh 5    # train
+#   benchmarks/canonical.sh 5    # train, bf16 and fp8_training
 #   benchmarks/canonical.sh 6    # benchmarks.trace of decode, 64-row and compute-bound cases
 #   python3 -m benchmarks.readme # README's table and docs/performance.md from the folder
 set -euo pipefail
@@ -17,6 +17,8 @@ OURS_Q=moe_pallas:auto+fp8,moe_pallas:auto+fp8_block,moe_pallas:auto+mxfp4
 # FP8 activations pay where the layer is compute-bound, so only the forward suites time them.
 OURS_A8=moe_pallas:auto+fp8_a8,moe_pallas:auto+fp8_block_a8
 PEERS_Q=tokamax+fp8,tokamax+fp8_block,tokamax+mxfp4
+# FP8 training (`fp8_training`): train cases only.
+OURS_TRAIN=moe_pallas:auto+fp8_training
 PY=${PYTHON:-python3}
 # A case's compile-only implementations compile in COMPILE_WORKERS threads (1: one after another).
 run() {
@@ -27,7 +29,7 @@ case "${1:-}" in
   2) run --suite swiglu256 --impls "$IMPLS,$OURS_Q,$OURS_A8" --append ;;
   3) run --suite decode --impls "$IMPLS,$OURS_Q,$PEERS_Q" --append ;;
   4) run --suite gmm --impls "$IMPLS" --append ;;
-  5) run --suite train --impls "$IMPLS" --append ;;
+  5) run --suite train --impls "$IMPLS,$OURS_TRAIN" --append ;;
   6)
     "$PY" -m benchmarks.trace --steps 5 --out "$OUT/trace.md" --case gptoss:fwd:1 \
       gptoss:fwd:2048 gptoss:fwd:4096 gptoss:fwd:16384 gptoss:train:2048 gptoss:train:4096 \

@@ -18,6 +18,8 @@ routing weights); gmm/tgmm cases time one grouped matmul.
                         forward cases), its message the weight-read floor of the stored bytes;
                         FMT fp8_a8 / fp8_block_a8: those weights with `fp8_activations` (the
                         activations in e4m3 too, products on the FP8 tensor cores).
+  moe_pallas:auto+fp8_training  our train step with `fp8_training` (train cases): bf16 weights
+                        quantised per call, forward and dx products on the FP8 tensor cores.
   tokamax+FMT           the tokamax glue with FMT weights as a qwix QArray (`qarray_parts`), so
                         tokamax's quantised ragged_dot runs (on Hopper: scales that tile K only).
   cublas_line           the yardstick: the case's matmul work as cuBLAS batched dots with perfect
@@ -139,8 +141,10 @@ def _jax_case(case: Case, inputs: dict, layer, ragged_dot) -> Prepared:
     return _prepare_jax(tgmm, (lhs, inputs["dy"], group_sizes))
 
 
-def _ours(backend: str):
+def _ours(backend: str, fp8_training: bool = False):
     def prepare(case: Case, inputs: dict) -> Prepared:
+        if fp8_training and case.mode != "train":
+            raise Skip("fp8_training is a training option: train cases only")
         activation = case.workload.activation
         if case.mode == "gmm":
             return _prepare_jax(
@@ -156,7 +160,13 @@ def _ours(backend: str):
 
         def layer(x, topk_idx, topk_weight, params):
             return moe_pallas.moe_experts(
-                x, topk_idx, topk_weight, params, activation=activation, implementation=backend
+                x,
+                topk_idx,
+                topk_weight,
+                params,
+                activation=activation,
+                implementation=backend,
+                fp8_training=fp8_training,
             )
 
         return _jax_case(case, inputs, layer, None)
@@ -671,12 +681,15 @@ def _line_shape(b, m, k, n, kind) -> str:
 
 
 OURS = ("moe_pallas:auto", "moe_pallas:pallas_triton", "moe_pallas:mosaic_gpu")
+# Our layer's train step with `fp8_training` (train cases; the products on the FP8 tensor cores).
+FP8_TRAINING = "moe_pallas:auto+fp8_training"
 PEERS = ("jax.lax.ragged_dot", "tokamax", "torch._grouped_mm", "torch_loop")
 LINE = "cublas_line"
 # What a run times unless --impls says otherwise: what users get by default, next to the peers.
 DEFAULT = ("moe_pallas:auto", LINE, "jax.lax.ragged_dot", "tokamax", "torch._grouped_mm")
 IMPLS: dict[str, Callable[[Case, dict], Prepared]] = {
     **{name: _ours(name.split(":")[1]) for name in OURS},
+    FP8_TRAINING: _ours("auto", fp8_training=True),
     "jax.lax.ragged_dot": _prepare_xla,
     "tokamax": _prepare_tokamax,
     "torch._grouped_mm": _prepare_torch_grouped,
@@ -693,4 +706,4 @@ IMPLS: dict[str, Callable[[Case, dict], Prepared]] = {
 # are the quantised weights' implementations: each holds its own copy of the case's weights, and
 # all of them at once (SwiGLU-256's decode cases: 33 GB for ours, tokamax's besides) left the
 # line too little of the device's memory.
-COMPILE_AHEAD = frozenset([*OURS, "tokamax"])
+COMPILE_AHEAD = frozenset([*OURS, FP8_TRAINING, "tokamax"])

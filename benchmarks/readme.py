@@ -78,7 +78,8 @@ def readme_section(results: Path, readme: Path, performance: Path) -> str:
 
 
 def _cell(row: dict | None, bf16: dict | None) -> str:
-    """ms (% SOL, × line); quantised weights: ms (speed-up over our bf16 layer, × their floor)."""
+    """ms (% SOL, × line); quantised weights: ms (speed-up over our bf16 layer, × their floor);
+    FP8 training: ms (% of the bf16 SOL, speed-up over our bf16 step, × line)."""
     if row is None or row["status"] != "ok":
         return "—"
     floor = _impls.floor_ms(row)
@@ -86,6 +87,8 @@ def _cell(row: dict | None, bf16: dict | None) -> str:
         speedup = "" if bf16 is None else f"{bf16['time_ms'] / row['time_ms']:.2f}× bf16's speed, "
         return f"{row['time_ms']:.4g} ({speedup}{row['time_ms'] / floor:.2f}× floor)"
     ratio = "" if row.get("vs_line") is None else f", {row['vs_line']:.2f}× line"
+    if row["impl"] == _impls.FP8_TRAINING and bf16 is not None:
+        ratio = f", {bf16['time_ms'] / row['time_ms']:.2f}× bf16's speed{ratio}"
     return f"{row['time_ms']:.4g} ({row['pct_sol']:.0f}%{ratio})"
 
 

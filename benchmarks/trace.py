@@ -4,7 +4,7 @@
                                [--steps 10] [--out FILE.md] [--small]
 
 (`--impl moe_pallas:auto+fp8`, `+fp8_block`, `+mxfp4`: the layer on quantised expert weights,
-forward cases.)
+forward cases; `moe_pallas:auto+fp8_training`: the train step with `fp8_training`, train cases.)
 
 Per case (workload:mode:T, mode fwd or train; the benchmark suites' inputs, `benchmarks.run`):
 `--impl` (default moe_pallas:auto) and `cublas_line` are each compiled, run once, timed by the
@@ -267,8 +267,10 @@ def main(argv: list[str] | None = None) -> str:
         choices=[
             *_impls.OURS,
             *(f"moe_pallas:auto+{f}" for f in _impls.QUANT_FORMATS + _impls.A8_FORMATS),
+            _impls.FP8_TRAINING,
         ],
-        help="ours, or our layer on quantised expert weights (moe_pallas:auto+fp8, ...)",
+        help="ours, our layer on quantised expert weights (moe_pallas:auto+fp8, ...), or our "
+        "train step with fp8_training",
     )
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--budget", type=float, default=0.3)

@@ -119,6 +119,7 @@ def moe_experts(
     exchange: str = "auto",
     capacity_factor: float | None = None,
     return_stats: bool = False,
+    fp8_training: bool = False,
 ) -> jax.Array | tuple[jax.Array, dict]:
     """Apply each token's top-k experts and sum them with the routing weights.
 
@@ -147,6 +148,11 @@ def moe_experts(
         the stats, and raise under `moe_pallas.debug_checks()`.
       return_stats: also return `{"dropped_rows", "rows_per_shard", "capacity_rows",
         "spilled_rows"}` (see `moe_pallas.parallel`).
+      fp8_training: run the forward's matmuls and the backward's products with wᵀ (dx and the
+        GLU's input gradient) on the FP8 tensor cores, DeepSeek-V3's recipe: the dense weights
+        quantised each call to e4m3 per 128 x 128 block, activations and output gradients per
+        row and 128 values of K; the weight gradients are the dense ones' (straight through),
+        from products in x's dtype. The weights must be dense. See `moe_pallas.fused`.
     Returns:
       `out [T, H]` in x's dtype; `(out, stats)` if return_stats.
     """
@@ -154,6 +160,14 @@ def moe_experts(
     params = validate(x, topk_idx, topk_weight, params, activation)
     policy = backends.resolve(implementation)
     ops.check_kernel_dtype("x", x, policy)
+    if fp8_training:
+        quantised = [k for k in ("w_gate_up", "w_down") if quant.is_quantized(params[k])]
+        if quantised:
+            raise ValueError(
+                f"fp8_training quantises dense weights at each call, but {quantised} are "
+                "QuantizedWeights already: pass the dense weights (dequantize_experts), or drop "
+                "fp8_training and set fp8_activations on them (forward and gradients of x only)."
+            )
     params = {k: quant.guard_gradients(v) for k, v in params.items()}
     for name in ("w_gate_up", "w_down"):
         debug.check_weight(f"params[{name!r}]", params[name])
@@ -169,7 +183,8 @@ def moe_experts(
             expert_axis=expert_axis,
             exchange=exchange,
             capacity_factor=capacity_factor,
+            fp8_training=fp8_training,
         )
         return (out, stats) if return_stats else out
     debug.check_routing(x, topk_idx, topk_weight, params["w_gate_up"].shape[0])
-    return fused.expert_block(x, topk_idx, topk_weight, params, activation, policy)
+    return fused.expert_block(x, topk_idx, topk_weight, params, activation, policy, fp8_training)

@@ -47,6 +47,23 @@ stored, and so do the backward's products with wᵀ (g and dx; `kernels.gmm_quan
 takes them, else dequantised per call: `moe_pallas.backends`);
 their weight gradients are None (asking for them is refused at the API, `quant.guard_gradients`)
 and the bias gradients are per-expert segment sums of dy and dh.
+
+FP8 training (`fp8_training`, from `moe_experts(..., fp8_training=True)`), DeepSeek-V3's recipe on
+dense weights: each call quantises w_gate_up and w_down to e4m3 per 128 x 128 block
+(`quant.fp8_training_weights`), and every product above but the weight gradients runs on the FP8
+tensor cores, its lhs quantised per row and 128 values of K (`quant.quantize_rows`), q(·) below:
+    h, y         = the forward's gmm calls on q(x) and q(a) with q(w_gate_up), q(w_down)
+    g[m]         = gmm(q(dout)[row_token], q(w_down)ᵀ)
+    dx           = combine(gmm(q(dh), q(w_gate_up)ᵀ), pair_row)
+    d_w_down, d_w_gate_up: the tgmm calls above, in x's dtype on the unquantised a, dy, x, dh
+q(w)ᵀ is one quantisation read two ways: a 128 x 128 block of w is one of wᵀ, so its values and
+scales serve both products, stored once per layout (the FP8 tensor cores take both operands
+K-major). The weight gradients are those of the dense weights with every q taken as the identity
+(straight through); their products, a third of the block's multiply-adds, stay in x's dtype.
+The backward quantises the weights again instead of keeping the e4m3 copies as residuals: one
+read of the dense weights, against holding 1 byte a weight value from forward to backward. On
+"xla" the same block runs on that backend's ops (its gmm computes the quantised products exactly
+in float32), not its own `experts`.
 """
 
 import functools
@@ -73,28 +90,40 @@ def _precision(dtype):
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype).itemsize >= 4 else None
 
 
-def dlhs(activation, policy, dout, w_down, h, d, row_weight):
+def _transposed(w, fp8_training):
+    """(rhs, transpose_rhs) of a product with wᵀ: under FP8 training wᵀ quantised in its own
+    layout (`quant.fp8_training_weights`), a plain product on the FP8 tensor cores."""
+    if fp8_training:
+        return quant.fp8_training_weights(w)[1], False
+    return w, True
+
+
+def dlhs(activation, policy, dout, w_down, h, d, row_weight, fp8_training=False):
     """(dh, a, dw) of the module docstring's backward, dh and a in h's dtype, dw float32 [M]."""
+    rhs, transpose_rhs = _transposed(w_down, fp8_training)
     g = backends.gmm(
         policy,
         dout,
-        w_down,
+        rhs,
         d.group_sizes,
         lhs_row_index=d.row_token,
-        transpose_rhs=True,
+        transpose_rhs=transpose_rhs,
         out_dtype=jnp.float32,
     )
     return backends.block_ops(policy).glu_backward(h, g, row_weight, activation)
 
 
-def _forward(activation, policy, x, topk_idx, topk_weight, params, keep_h=True):
+def _forward(activation, policy, fp8_training, x, topk_idx, topk_weight, params, keep_h=True):
     """(out, residuals for `_fused_bwd`); without keep_h the GLU runs in gmm's epilogue, no h."""
     d, row_expert, row_weight = _routing(topk_idx, topk_weight, params["w_gate_up"].shape[0])
+    weights = {name: params[name] for name in ("w_gate_up", "w_down")}
+    if fp8_training:  # this call's quantisation of the dense weights (module docstring)
+        weights = {name: quant.fp8_training_weights(w)[0] for name, w in weights.items()}
     gate_up = functools.partial(
         backends.gmm,
         policy,
         x,
-        params["w_gate_up"],
+        weights["w_gate_up"],
         d.group_sizes,
         lhs_row_index=d.row_token,
         bias=params.get("b_gate_up"),
@@ -107,7 +136,7 @@ def _forward(activation, policy, x, topk_idx, topk_weight, params, keep_h=True):
     y = backends.gmm(
         policy,
         a,
-        params["w_down"],
+        weights["w_down"],
         d.group_sizes,
         bias=params.get("b_down"),
         row_scale=row_weight,
@@ -117,17 +146,19 @@ def _forward(activation, policy, x, topk_idx, topk_weight, params, keep_h=True):
     return out, (x, topk_idx, topk_weight, params, d, row_expert, row_weight, h)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _fused(activation, policy, x, topk_idx, topk_weight, params):
-    return _forward(activation, policy, x, topk_idx, topk_weight, params, keep_h=False)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _fused(activation, policy, fp8_training, x, topk_idx, topk_weight, params):
+    return _forward(activation, policy, fp8_training, x, topk_idx, topk_weight, params, False)[0]
 
 
-def _fused_bwd(activation, policy, residuals, dout):
+def _fused_bwd(activation, policy, fp8_training, residuals, dout):
     x, topk_idx, topk_weight, params, d, row_expert, row_weight, h = residuals
     num_tokens, top_k = topk_idx.shape
     num_experts = params["w_gate_up"].shape[0]
     dout = dout.astype(x.dtype)
-    dh, a, dw_rows = dlhs(activation, policy, dout, params["w_down"], h, d, row_weight)
+    dh, a, dw_rows = dlhs(
+        activation, policy, dout, params["w_down"], h, d, row_weight, fp8_training
+    )
     grads = {}
     # Bias gradients: the per-expert sums of dy and dh, from the tgmm calls that read them. dy's
     # rows are gathered from dout and scaled where the tgmm reads them (rhs_row_index, _scale).
@@ -172,7 +203,8 @@ def _fused_bwd(activation, policy, residuals, dout):
         dw_rows = dw_rows + jnp.where(
             row_valid, bias_dot[d.row_token, jnp.where(row_valid, row_expert, 0)], 0
         )
-    dx_rows = backends.gmm(policy, dh, params["w_gate_up"], d.group_sizes, transpose_rhs=True)
+    rhs, transpose_rhs = _transposed(params["w_gate_up"], fp8_training)
+    dx_rows = backends.gmm(policy, dh, rhs, d.group_sizes, transpose_rhs=transpose_rhs)
     dx = backends.block_ops(policy).combine(
         dx_rows, d.pair_row.reshape(num_tokens, top_k), out_dtype=x.dtype
     )
@@ -183,13 +215,13 @@ def _fused_bwd(activation, policy, residuals, dout):
 _fused.defvjp(_forward, _fused_bwd)
 
 
-def expert_block(x, topk_idx, topk_weight, params, activation, policy):
+def expert_block(x, topk_idx, topk_weight, params, activation, policy, fp8_training=False):
     """The single-device expert block under a resolved policy (`backends.resolve`): the policy's
-    own block where its policy has one (xla), else the fused custom_vjp above. Arguments are
-    validated (`moe_pallas.experts.validate`); params a dict."""
+    own block where its policy has one (xla) and no FP8 training is asked for, else the fused
+    custom_vjp above. Arguments are validated (`moe_pallas.experts.validate`); params a dict."""
     if x.shape[0] == 0:
         return jnp.zeros_like(x)
-    own = None if policy == "auto" else backends.get(policy).experts
+    own = None if policy == "auto" or fp8_training else backends.get(policy).experts
     if own is not None:
         return own(x, topk_idx, topk_weight, params, activation)
-    return _fused(activation, policy, x, topk_idx, topk_weight, params)
+    return _fused(activation, policy, fp8_training, x, topk_idx, topk_weight, params)

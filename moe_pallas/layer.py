@@ -84,6 +84,7 @@ class MoEConfig:
     expert_axis: str = "expert"
     exchange: str | None = None
     capacity_factor: float | None = None
+    fp8_training: bool = False
 
     def __post_init__(self):
         for name in ("hidden_size", "intermediate_size", "num_experts", "top_k"):
@@ -229,6 +230,7 @@ def moe_apply(
         activation=config.activation,
         implementation=config.implementation,
         return_stats=bool(parallel),
+        fp8_training=config.fp8_training,
         **parallel,
     )
     y, stats = out if parallel else (out, {"dropped_rows": jnp.zeros((), jnp.int32)})
@@ -287,6 +289,9 @@ class MoE(nnx.Module):
       implementation: backend of `moe_experts` ("auto", "xla", "pallas_triton", "mosaic_gpu").
       mesh, expert_axis, exchange, capacity_factor: expert parallelism; forwarded to
         `moe_experts` only when `mesh` is given. `expert_axis` also names the sharding annotation.
+      fp8_training: the expert matmuls on the FP8 tensor cores, forward and the backward's
+        products with wᵀ, the weights quantised per 128 x 128 block at each call
+        (`moe_experts`'s fp8_training); the parameters stay in param_dtype.
       rngs: `nnx.Rngs` for initialisation.
 
     Call: `layer(x)` returns y (x's shape, compute dtype); `layer(x, return_aux=True)` returns

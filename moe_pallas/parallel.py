@@ -405,6 +405,7 @@ def moe_experts_parallel(
     expert_axis: str = "expert",
     exchange: Exchange = "auto",
     capacity_factor: float | None = None,
+    fp8_training: bool = False,
 ) -> tuple[jax.Array, dict[str, jax.Array | int]]:
     """The body of `moe_experts(..., mesh=mesh, return_stats=True)`; inputs validated, params a dict.
 
@@ -418,7 +419,7 @@ def moe_experts_parallel(
     policy = backends.resolve(implementation)
     if mesh is None:
         debug.check_routing(x, topk_idx, topk_weight, params["w_gate_up"].shape[0])
-        out = fused.expert_block(x, topk_idx, topk_weight, params, activation, policy)
+        out = fused.expert_block(x, topk_idx, topk_weight, params, activation, policy, fp8_training)
         num_experts = params["w_gate_up"].shape[0]
         rows = jnp.sum((topk_idx >= 0) & (topk_idx < num_experts), dtype=jnp.int32)
         return out, {
@@ -466,7 +467,13 @@ def moe_experts_parallel(
         def apply(x_rows, local_expert, weight):
             # Padding rows carry out-of-range ids on purpose: they give zero, unchecked.
             return fused.expert_block(
-                x_rows, local_expert[:, None], weight[:, None], params, activation, policy
+                x_rows,
+                local_expert[:, None],
+                weight[:, None],
+                params,
+                activation,
+                policy,
+                fp8_training,
             )
 
         plan = _plan(topk_idx, experts_per_shard, num_shards)

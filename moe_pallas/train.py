@@ -47,6 +47,7 @@ class TrainConfig:
     branching: int = 4
     dtype: str = "float32"
     implementation: str = "auto"
+    fp8_training: bool = False
     seed: int = 0
 
 
@@ -111,6 +112,7 @@ class Block(nnx.Module):
             router_bias=config.router_bias,
             dtype=dtype,
             implementation=config.implementation,
+            fp8_training=config.fp8_training,
             rngs=rngs,
         )
 
@@ -275,6 +277,12 @@ def _parser() -> argparse.ArgumentParser:
             default=None,
             help=f"override the size's {name}",
         )
+    parser.add_argument(
+        "--fp8-training",
+        action="store_true",
+        default=None,
+        help="the MoE layers' matmuls on the FP8 tensor cores (MoE's fp8_training)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 

@@ -291,10 +291,11 @@ def test_mesh_fields_are_forwarded_only_with_a_mesh(monkeypatch):
     layer = MoE(H, I, E, 2, mesh=mesh, expert_axis="ep", capacity_factor=1.5, rngs=nnx.Rngs(0))
     _, aux = layer(x, return_aux=True)
     assert int(aux["dropped_rows"]) == 7  # the exchange's drop count reaches the layer's aux
-    assert seen[0] == {"activation": "swiglu", "implementation": "auto"}
+    assert seen[0] == {"activation": "swiglu", "implementation": "auto", "fp8_training": False}
     assert seen[1] == {
         "activation": "swiglu",
         "implementation": "auto",
+        "fp8_training": False,
         "mesh": mesh,
         "expert_axis": "ep",
         "capacity_factor": 1.5,

@@ -54,6 +54,13 @@ def test_router_variants_train(overrides):
         assert not biases
 
 
+def test_cli_trains_with_fp8_training(capsys):
+    """--fp8-training: the MoE layers quantise their weights per step (`MoE`'s fp8_training), and
+    the cross-entropy still falls."""
+    assert train_mod.main(["--steps", "30", "--fp8-training", "--no-progress"]) == 0
+    assert "fp8_training=True" in capsys.readouterr().out
+
+
 def test_cli(capsys):
     assert train_mod.main(["--steps", "40", "--no-progress"]) == 0
     assert "cross-entropy" in capsys.readouterr().out

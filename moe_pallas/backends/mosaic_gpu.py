@@ -11,8 +11,9 @@ Shapes: N and K multiples of 16 (gmm), K of 64 (tgmm); calls of other shapes run
 
 Config of a gmm: the tuning table's "mosaic_gpu" entry for the shape if there is one (the shapes
 where "auto" runs this backend), else `default_config`. "auto" gives it only plain gmm calls (no
-row gather, 16-bit output): its table entries were measured on those, and a float32 output
-doubles the tile's store buffer past the H200's shared memory at the entries' 4 stages.
+row gather, 16-bit output) and FP8-activation calls with a 16-bit output: its table entries were
+measured on those, and a float32 output doubles the tile's store buffer past the H200's shared
+memory at the entries' 4 stages (FP8 training's float32 g, `moe_pallas.fused`, runs on Triton).
 """
 
 import dataclasses
@@ -60,9 +61,11 @@ def supports(problem: backends.Problem) -> bool:
 
 
 def auto_supports(problem: backends.Problem) -> bool:
+    if jnp.dtype(problem.out_dtype).itemsize != 2:  # (module docstring: the store buffer)
+        return False
     if problem.fp8_activations:  # its table entries were measured on the layer's calls
         return supports(problem)
-    return supports(problem) and not problem.gather and jnp.dtype(problem.out_dtype).itemsize == 2
+    return supports(problem) and not problem.gather
 
 
 def default_config(

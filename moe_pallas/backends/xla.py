@@ -13,13 +13,17 @@ each call: the dense weights are materialised here (the Pallas backend streams t
 A weight with `fp8_activations` multiplies activations taken through e4m3 and back
 (`quant.fp8_rows`), the values the FP8 tensor cores multiply on the Pallas backend, both operands
 exact in float32, so the two backends compute the same product up to summation order.
+
+With FP8 training (`moe_experts(..., fp8_training=True)`) the block is `moe_pallas.fused`'s
+custom_vjp on this backend's gmm, tgmm, combine and `glu_backward` below, so that its backward
+quantises the same operands as the Pallas backends'.
 """
 
 import jax
 import jax.numpy as jnp
 
 from moe_pallas import backends, dispatch, quant
-from moe_pallas.activations import glu, split_gate_up
+from moe_pallas.activations import glu, glu_bwd, split_gate_up
 
 
 def _grouped_dot(lhs, rhs, group_sizes, acc, row_group, routed):
@@ -104,6 +108,22 @@ def combine(rows, pair_row, *, out_dtype=None):
     return out.astype(out_dtype or rows.dtype)
 
 
+def glu_backward(h, g, row_weight, activation):
+    """`kernels.glu_bwd.glu_backward`'s contract in plain JAX: (dh and a in h's dtype, dw
+    float32 [M]); the math in float32 (float64 for float64 h)."""
+    acc = jnp.promote_types(h.dtype, jnp.float32)
+    gate, up = split_gate_up(h.astype(acc), activation)
+    g = g.astype(acc)
+    a = glu(gate, up, activation)
+    d_gate, d_up = glu_bwd(gate, up, g * row_weight.astype(acc)[:, None], activation)
+    if activation == "gptoss":  # (gate, up) pairs interleaved, as h's columns
+        dh = jnp.stack([d_gate, d_up], axis=-1).reshape(h.shape)
+    else:
+        dh = jnp.concatenate([d_gate, d_up], axis=-1)
+    dw = jnp.sum(g * a, axis=1).astype(jnp.float32)
+    return dh.astype(h.dtype), a.astype(h.dtype), dw
+
+
 def experts(x, topk_idx, topk_weight, params, activation):
     """The expert block (`moe_pallas.moe_experts`) in plain JAX; arguments validated."""
     fp8 = {k: quant.is_quantized(v) and v.fp8_activations for k, v in params.items()}
@@ -139,6 +159,6 @@ BACKEND = backends.Backend(
     gmm=gmm,
     tgmm=backends.rhs_as_stored(tgmm),
     combine=combine,
-    glu_backward=None,
+    glu_backward=glu_backward,
     experts=experts,
 )

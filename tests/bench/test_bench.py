@@ -292,6 +292,30 @@ def test_our_fp8_activations_impl_on_cpu():
     assert "weight-read floor" in prep.note
 
 
+def test_our_fp8_training_impl_on_cpu():
+    """moe_pallas:auto+fp8_training: our train step with fp8_training, its gradients within the
+    FP8 bound of the bf16 step's; forward cases are skipped; a bf16 row (no weight format),
+    prepared with the compile-only ones; its README cell gives its speed over our bf16 step."""
+    from benchmarks import readme
+
+    impl = impls.FP8_TRAINING
+    assert impls.weight_format(impl) is None and impl in impls.COMPILE_AHEAD
+    case = cases.Case("t", cases.SMALL_WORKLOADS["gptoss"], 16, mode="train")
+    inputs = run._inputs(case, cases.make_params(case.workload, jnp.bfloat16, seed=3))
+    got = impls.IMPLS[impl](case, inputs)
+    want = impls.IMPLS["moe_pallas:auto"](case, inputs)
+    (_, grads), (_, want_grads) = (p.wait(p.call()) for p in (got, want))
+    assert got.output(grads) is None  # train rows carry no output to compare
+    for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        assert 0 < np.linalg.norm(a - b) / np.linalg.norm(b) < 1.5e-1
+    with pytest.raises(impls.Skip, match="train cases only"):
+        impls.IMPLS[impl](cases.Case("t", cases.SMALL_WORKLOADS["gptoss"], 16), inputs)
+    row = {"impl": impl, "status": "ok", "time_ms": 2.0, "pct_sol": 40.0, "vs_line": 1.1}
+    bf16 = {"impl": "moe_pallas:auto", "status": "ok", "time_ms": 3.0}
+    assert readme._cell(row, bf16) == "2 (40%, 1.50× bf16's speed, 1.10× line)"
+
+
 def _synthetic_run(folder: Path) -> dict:
     """A results.json as benchmarks.run writes it: two suites, a skipped and a failed cell."""
     meta = {
@@ -953,9 +977,10 @@ def test_canonical_script_names_existing_suites_and_implementations():
     assert done.returncode == 2 and "usage" in done.stderr
     text = script.read_text()
     names = set()
-    for value in re.findall(r"^(?:IMPLS|OURS_Q|OURS_A8|PEERS_Q)=(\S+)$", text, re.MULTILINE):
+    pattern = r"^(?:IMPLS|OURS_Q|OURS_A8|PEERS_Q|OURS_TRAIN)=(\S+)$"
+    for value in re.findall(pattern, text, re.MULTILINE):
         names |= set(value.split(","))
-    assert len(names) == 12 and names <= set(impls.IMPLS)
+    assert len(names) == 13 and names <= set(impls.IMPLS)
     for suites in re.findall(r"--suite (\S+)", text):
         assert set(suites.split(",")) <= set(cases.SUITES)
     for case in re.findall(r"(?:gptoss|swiglu256):(?:fwd|train):\d+", text):

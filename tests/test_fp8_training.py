@@ -1,0 +1,216 @@
+"""FP8 training (`moe_experts(..., fp8_training=True)`, `moe_pallas.fused`): one quantisation of
+each weight read as w and as wᵀ, the block's forward and gradients on both backends against each
+other and against the dense block, the layer option, errors, and the lowering for the H200."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import moe_pallas
+from moe_pallas import quant
+from moe_pallas.quant import FP8_MAX
+from moe_pallas.reference import moe_experts_reference
+from tests.helpers import make_params, random_routing
+from tests.test_lowering import SDS, lower_for_h200, triton_calls
+from tests.test_quant import rel_err
+
+# Both backends quantise the same operands and multiply them exactly in float32; what differs is
+# summation order and the bf16 roundings of h, a and dh, which can move an operand across an e4m3
+# rounding boundary before the next product (measured <= 4.6e-5 here).
+BACKENDS_BOUND = 1e-2
+# Against the dense block in float64: e4m3 keeps 4 significant bits, so every operand of every
+# product but the weight gradients' moves by up to 2^-4 of itself (measured 3-7% on these shapes,
+# forward and gradients).
+FP8_TRAINING_BOUND = 1.5e-1
+
+
+def test_one_quantisation_serves_w_and_its_transpose():
+    """`fp8_training_weights`: w_q decodes to what quantize_experts' "fp8_block" gives (ragged K
+    and N tails: 200 x 136), wt_q to its transpose, bit for bit; both with FP8 activations and
+    the products as the kernels take them (N-major values)."""
+    rng = np.random.default_rng()
+    w = jnp.asarray(rng.standard_normal((3, 200, 136)) * rng.random((3, 1, 136)), jnp.bfloat16)
+    w_q, wt_q = jax.jit(quant.fp8_training_weights)(w)
+    assert w_q.shape == (3, 200, 136) and wt_q.shape == (3, 136, 200)
+    assert w_q.fp8_activations and wt_q.fp8_activations and w_q.fmt == wt_q.fmt == "fp8_block"
+    want = quant.quantize_weight(w, "fp8_block").dequantize(jnp.float32)
+    np.testing.assert_array_equal(w_q.dequantize(jnp.float32), want)
+    np.testing.assert_array_equal(wt_q.dequantize(jnp.float32), jnp.swapaxes(want, 1, 2))
+    assert w_q.dtype == wt_q.dtype == jnp.bfloat16
+
+
+def _loss_and_grads(activation, implementation, fp8_training, x, idx, wts, params, dout):
+    def loss(x, wts, params):
+        out = moe_pallas.moe_experts(
+            x,
+            idx,
+            wts,
+            params,
+            activation=activation,
+            implementation=implementation,
+            fp8_training=fp8_training,
+        )
+        return jnp.vdot(out.astype(jnp.float32), dout), out
+
+    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(x, wts, params)
+    return out, grads
+
+
+@pytest.mark.parametrize(
+    "activation,num_tokens,hidden,inter",
+    [("swiglu", 1, 128, 64), ("swiglu", 37, 192, 160), ("gptoss", 29, 160, 96)],
+)
+def test_fp8_training_block(activation, num_tokens, hidden, inter):
+    """The block with fp8_training on pallas_triton (interpret mode) and on xla: forward and the
+    gradients of x, the routing weights and every parameter within BACKENDS_BOUND of each other,
+    and within FP8_TRAINING_BOUND of the dense block's (float64 reference, its jax.grad); T = 1,
+    an expert that gets no rows, K and N tails off 128 (192, 160, 96 and 320 columns)."""
+    rng = np.random.default_rng()
+    num_experts, top_k = 5, 2
+    params = make_params(rng, num_experts, hidden, inter, biases=activation == "gptoss", scale=2)
+    params = {k: jnp.asarray(v, jnp.bfloat16) for k, v in params.items()}
+    x = jnp.asarray(rng.standard_normal((num_tokens, hidden)), jnp.bfloat16)
+    idx, wts = random_routing(rng, num_tokens, num_experts - 1, top_k)  # expert 4 gets no rows
+    idx, wts = jnp.asarray(idx), jnp.asarray(wts)
+    dout = jnp.asarray(rng.standard_normal((num_tokens, hidden)), jnp.float32)
+    args = (x, idx, wts, params, dout)
+    out, grads = _loss_and_grads(activation, "pallas_triton", True, *args)
+    xla_out, xla_grads = _loss_and_grads(activation, "xla", True, *args)
+
+    def reference(x, wts, params):
+        p64 = {k: v.astype(jnp.float64) for k, v in params.items()}
+        out = moe_experts_reference(x.astype(jnp.float64), idx, wts, p64, activation=activation)
+        return jnp.vdot(out, dout.astype(jnp.float64)), out
+
+    with jax.enable_x64():
+        (_, want), want_grads = jax.value_and_grad(reference, argnums=(0, 1, 2), has_aux=True)(
+            x, wts, params
+        )
+        want, want_grads = np.asarray(want), jax.tree.map(np.asarray, want_grads)
+    assert out.dtype == jnp.bfloat16 and out.shape == x.shape
+    assert rel_err(out, xla_out) < BACKENDS_BOUND
+    assert rel_err(out, want) < FP8_TRAINING_BOUND
+    assert rel_err(xla_out, want) < FP8_TRAINING_BOUND
+    flat, xla_flat = jax.tree.leaves_with_path(grads), jax.tree.leaves(xla_grads)
+    for (path, got), got_xla, dense in zip(flat, xla_flat, jax.tree.leaves(want_grads)):
+        assert got.dtype == got_xla.dtype and got.shape == dense.shape, path
+        assert rel_err(got, got_xla) < BACKENDS_BOUND, path
+        assert rel_err(got, dense) < FP8_TRAINING_BOUND, path
+    # the expert that got no rows: zero weight gradients
+    for name in ("w_gate_up", "w_down"):
+        np.testing.assert_array_equal(np.asarray(grads[2][name][num_experts - 1], np.float32), 0)
+    assert len(jax.tree.leaves(grads[2])) == len(params)
+
+
+def _on_grid(rng, shape, power, block_rows):
+    """bf16 values that quantise to themselves: e4m3 values times 2^power, each block of
+    block_rows x 128 holding a 448 (so its scale is 2^power exactly)."""
+    v = np.clip(rng.standard_normal(shape) * 100, -FP8_MAX, FP8_MAX)
+    v = np.asarray(jnp.asarray(v, jnp.float8_e4m3fn), np.float32)
+    v[..., ::block_rows, ::128] = FP8_MAX
+    return jnp.asarray(v * 2.0**power, jnp.bfloat16)
+
+
+def test_fp8_training_quantises_what_it_says():
+    """Which operands are quantised, on the Pallas backend against its own dense block: with
+    weights and x that quantise to themselves (`_on_grid`), the forward differs only by the
+    activation a's quantisation before the down product, dx also by dout's and dh's in the
+    backward, and d_w_down, the tgmm of the unquantised a and dy, not at all."""
+    rng = np.random.default_rng()
+    hidden, inter, num_experts, num_tokens = 128, 128, 3, 16
+    params = {
+        "w_gate_up": _on_grid(rng, (num_experts, hidden, 2 * inter), -12, 128),
+        "w_down": _on_grid(rng, (num_experts, inter, hidden), -12, 128),
+    }
+    for w in params.values():
+        np.testing.assert_array_equal(
+            quant.fp8_training_weights(w)[0].dequantize(jnp.float32), w.astype(jnp.float32)
+        )
+    x = _on_grid(rng, (num_tokens, hidden), -8, 1)
+    np.testing.assert_array_equal(quant.fp8_rows(x), x)
+    idx, wts = (jnp.asarray(a) for a in random_routing(rng, num_tokens, num_experts, 2))
+    dout = jnp.asarray(rng.standard_normal((num_tokens, hidden)), jnp.float32)
+    args = (x, idx, wts, params, dout)
+    out, grads = _loss_and_grads("swiglu", "pallas_triton", True, *args)
+    dense_out, dense_grads = _loss_and_grads("swiglu", "pallas_triton", False, *args)
+    assert 5e-3 < rel_err(out, dense_out) < 8e-2  # q(a) (measured 2.2-2.6%)
+    assert 5e-3 < rel_err(grads[0], dense_grads[0]) < FP8_TRAINING_BOUND  # 3.4-3.7%
+    assert 5e-3 < rel_err(grads[2]["w_gate_up"], dense_grads[2]["w_gate_up"]) < 8e-2  # via dh
+    assert rel_err(grads[2]["w_down"], dense_grads[2]["w_down"]) < 1e-6
+
+
+def test_moe_layer_trains_with_fp8_training():
+    """The MoE layer's fp8_training option: a jitted SGD step lowers the loss on the same batch,
+    and its gradients are within FP8_TRAINING_BOUND of the layer's without it."""
+    from flax import nnx
+
+    rng = np.random.default_rng()
+    x = jnp.asarray(rng.standard_normal((24, 128)), jnp.float32)
+    target = jnp.asarray(rng.standard_normal((24, 128)), jnp.float32)
+    layers = {
+        fp8: moe_pallas.MoE(128, 64, 4, 2, fp8_training=fp8, rngs=nnx.Rngs(0))
+        for fp8 in (True, False)
+    }
+    loss = lambda layer: jnp.mean((layer(x) - target) ** 2)
+    grads = {fp8: nnx.grad(loss)(layer) for fp8, layer in layers.items()}
+    for name in ("w_gate_up", "w_down"):
+        got, dense = (getattr(grads[fp8], name)[...] for fp8 in (True, False))
+        assert rel_err(got, dense) < FP8_TRAINING_BOUND, name
+
+    @nnx.jit
+    def step(layer):
+        value, g = nnx.value_and_grad(loss)(layer)
+        nnx.update(layer, jax.tree.map(lambda p, d: p - 0.5 * d, nnx.state(layer), g))
+        return value
+
+    layer = layers[True]
+    first = step(layer)
+    for _ in range(3):
+        last = step(layer)
+    assert last < first
+
+
+def test_fp8_training_errors():
+    rng = np.random.default_rng()
+    params = make_params(rng, 2, 128, 64, biases=False)
+    qparams = moe_pallas.quantize_experts(params, "fp8_block")
+    x, idx, wts = jnp.ones((4, 128)), jnp.zeros((4, 1), jnp.int32), jnp.ones((4, 1))
+    with pytest.raises(ValueError, match=r"fp8_training quantises dense weights.*w_gate_up"):
+        moe_pallas.moe_experts(x, idx, wts, qparams, activation="swiglu", fp8_training=True)
+
+
+def test_fp8_training_step_lowers_for_the_h200():
+    """gpt-oss's block at full size, forward and backward with fp8_training, lowers to Triton
+    calls for the H200: four products on FP8 weights (the forward's two, g and dx on wᵀ), none
+    on the transposed-weight kernel, and the two weight gradients' tgmm in bf16."""
+    hidden, inter, experts, top_k, tokens = 2880, 2880, 128, 4, 2048
+    params = {
+        "w_gate_up": SDS((experts, hidden, 2 * inter), jnp.bfloat16),
+        "w_down": SDS((experts, inter, hidden), jnp.bfloat16),
+        "b_gate_up": SDS((experts, 2 * inter), jnp.bfloat16),
+        "b_down": SDS((experts, hidden), jnp.bfloat16),
+    }
+
+    def loss(x, idx, wts, params):
+        out = moe_pallas.moe_experts(
+            x,
+            idx,
+            wts,
+            params,
+            activation="gptoss",
+            implementation="pallas_triton",
+            fp8_training=True,
+        )
+        return jnp.sum(out.astype(jnp.float32))
+
+    args = (
+        SDS((tokens, hidden), jnp.bfloat16),
+        SDS((tokens, top_k), jnp.int32),
+        SDS((tokens, top_k), jnp.float32),
+        params,
+    )
+    text = lower_for_h200(jax.grad(loss, argnums=(0, 2, 3)), *args)
+    assert text.count('name = "gmm_fp8_block"') == 4
+    assert 'name = "gmm_t_' not in text and text.count('name = "tgmm"') == 2
+    assert triton_calls(text) >= 8
