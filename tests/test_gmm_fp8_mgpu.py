@@ -174,8 +174,9 @@ def test_auto_takes_fp8_activation_products_where_the_table_has_an_entry(monkeyp
     """ "auto" on the H200 gives SwiGLU-256's and gpt-oss's FP8-activation products (gate_up's GLU
     with its gathered rows, and down) to mosaic_gpu at 17+ rows per expert, where the table has
     "gmm_a8" / "gmm_glu_a8" entries keyed by the stored float8_e4m3fn; decode sizes, shapes
-    without an entry, gpt-oss's GLU on fp8_block weights and weights-only fp8 products stay on
-    Triton. On the H100 gpt-oss's products have entries in the large class only."""
+    without an entry (unless Triton would multiply them in float16: values past int32 offsets),
+    gpt-oss's GLU on fp8_block weights and weights-only fp8 products stay on Triton. On the H100
+    gpt-oss's products have entries in the large class only."""
     as_if_h200(monkeypatch)
 
     def problem(kernel, rows=65536, a8=True, k=4096, n=2048):
@@ -199,6 +200,15 @@ def test_auto_takes_fp8_activation_products_where_the_table_has_an_entry(monkeyp
     assert select(gptoss("gmm", fmt="fp8_block")) == "mosaic_gpu"
     assert select(gptoss("gmm_glu", fmt="fp8_block")) == "pallas_triton"
     assert select(gptoss("gmm_glu", rows=2048)) == "pallas_triton"
+    # no entry, but stored values past int32 offsets (FP8 training's dx on SwiGLU-256's wᵀ), which
+    # Triton multiplies in float16: Mosaic GPU with its default config, above decode sizes, for a
+    # 16-bit output
+    big = problem("gmm", k=4096, n=4096)._replace(weight_elements=256 * 4096 * 4096)
+    assert select(big) == "mosaic_gpu"
+    assert select(big._replace(num_rows=2048)) == "pallas_triton"
+    assert select(big._replace(out_dtype=jnp.dtype(jnp.float32))) == "pallas_triton"
+    assert select(big._replace(weight_elements=256 * 2048 * 4096)) == "pallas_triton"
+    assert select(big._replace(fp8_activations=False)) == "pallas_triton"
     # the H100's table holds what was measured there: gpt-oss's in the large class only
     as_if_h200(monkeypatch, device="NVIDIA H100 80GB HBM3")
     assert select(problem("gmm_glu")) == select(problem("gmm", k=2048, n=4096)) == "mosaic_gpu"

@@ -30,8 +30,9 @@ Quantised weights (`moe_pallas.quant`): a gmm whose rhs is a `QuantizedWeight` c
 (`kernels.gmm_quant`, the weights converted on chip); "mosaic_gpu" takes the FP8-activation
 products its FP8 x FP8 kernel tiles (`kernels.gmm_fp8_mgpu`: K, N and the stored rows multiples
 of 64, plain or either GLU; fp8_block's GLU halves whole scale blocks), "auto" gives them to it
-where the device's table has a "gmm_a8" / "gmm_glu_a8" entry for "mosaic_gpu", and every other
-quantised call runs on "pallas_triton" on a GPU; "xla" (and so "auto" off GPU) materialises the
+where the device's table has a "gmm_a8" / "gmm_glu_a8" entry for "mosaic_gpu" and, with its
+default config, where Triton would multiply them in float16 (`fp8_past_triton_offsets`); every
+other quantised call runs on "pallas_triton" on a GPU; "xla" (and so "auto" off GPU) materialises the
 dense weight per call.
 Products with a transposed quantised weight (the backward's dx and the GLU's input gradient) run
 `kernels.gmm_quant_t` on "pallas_triton" where it takes them (every format, but fp8_block's
@@ -53,7 +54,7 @@ import jax
 import jax.numpy as jnp
 
 from moe_pallas import quant, tuning
-from moe_pallas.kernels import _common, gmm_quant_t
+from moe_pallas.kernels import _common, gmm_quant, gmm_quant_t
 
 Implementation = Literal["auto", "pallas_triton", "mosaic_gpu", "xla"]
 IMPLEMENTATIONS: tuple[str, ...] = ("auto", "pallas_triton", "mosaic_gpu", "xla")
@@ -74,6 +75,7 @@ class Problem(NamedTuple):
     weight_format: str | None = None  # a `quant.QuantizedWeight`'s fmt (gmm's rhs), else None
     fp8_activations: bool = False  # that weight's `fp8_activations` (e4m3 x e4m3 products)
     activation: str | None = None  # a GLU's activation ("gmm_glu")
+    weight_elements: int = 0  # a QuantizedWeight's stored values (rhs), else 0
 
     @property
     def rows(self) -> str:
@@ -159,7 +161,23 @@ def select(policy: str, problem: Problem) -> Backend:
             )
             if entry is not None:  # (an entry's config may be empty)
                 return backend
+    if fp8_past_triton_offsets(problem):
+        mosaic = get("mosaic_gpu")
+        if mosaic.available() and mosaic.auto_supports(problem):
+            return mosaic
     return get("pallas_triton")
+
+
+def fp8_past_triton_offsets(problem: Problem) -> bool:
+    """An FP8-activation product above decode sizes whose stored values pass int32 offsets: Triton
+    reads those as byte pairs and multiplies in float16 (`kernels.gmm_quant`, Offsets), where
+    Mosaic GPU's FP8 kernel addresses them by TMA and multiplies e4m3 on the FP8 tensor cores
+    (FP8 training's dx on SwiGLU-256's wᵀ, [256, 4096, 4096])."""
+    return (
+        problem.fp8_activations
+        and problem.weight_elements >= gmm_quant.PAIRED_MIN_ELEMENTS
+        and problem.rows != "tiny"
+    )
 
 
 def table_key(problem: Problem) -> tuple[str, jnp.dtype]:
@@ -210,6 +228,7 @@ def gmm(
         weight_format=weight_format,
         fp8_activations=weight_format is not None and rhs.fp8_activations and not transpose_rhs,
         activation=activation,
+        weight_elements=rhs.values.size if weight_format else 0,
     )
     return select(policy, problem).gmm(
         lhs,
