@@ -301,3 +301,35 @@ def test_fp8_training_on_mosaic_gpu():
     assert rel_err(out, want) < BACKENDS_BOUND
     for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(want_grads), strict=True):
         assert rel_err(a, b) < BACKENDS_BOUND
+
+
+@pytest.mark.parametrize(
+    "activation,policy,mosaic,fp8_triton",
+    [
+        # down has a table entry; gate_up (a plain gmm under jax.grad, h kept) and dx have values
+        # past Triton's int32 offsets (`backends.fp8_past_triton_offsets`); g's float32 output
+        # stays on Triton
+        ("swiglu", "auto", 3, 1),
+        # down has an entry; gate_up, g and dx on Triton (no entry, values within offsets)
+        ("gptoss", "auto", 1, 3),
+        # the four FP8 products and the two bf16 weight gradients on Mosaic GPU, g's float32
+        # tile within the H200's shared memory
+        ("swiglu", "mosaic_gpu", 6, 0),
+        ("gptoss", "mosaic_gpu", 6, 0),
+    ],
+)
+def test_fp8_training_step_lowers_to_mosaic_gpu(activation, policy, mosaic, fp8_triton):
+    """The train step with fp8_training at full size, T = 2048, lowers for the H200 under "auto"
+    (the H200's table) and "mosaic_gpu": Mosaic GPU checks each kernel's shared memory while
+    lowering, so a config past the H200's 227 KiB fails here; the FP8 products each backend
+    takes, counted."""
+    from moe_pallas import fused
+    from tests.test_lowering import _layer_args
+
+    def loss(x, idx, wts, params):
+        out = fused.expert_block(x, idx, wts, params, activation, policy, True)
+        return jnp.sum(out.astype(jnp.float32))
+
+    text = lower_for_h200(jax.grad(loss, argnums=(0, 2, 3)), *_layer_args(activation, 2048))
+    assert text.count("mosaic_gpu_v2") == mosaic
+    assert text.count('name = "gmm_fp8_block"') == fp8_triton
