@@ -131,8 +131,8 @@ def moe_experts(
       topk_weight: routing weights `[T, k]`, floating.
       params: `w_gate_up [E, H, 2I]`, `w_down [E, I, H]` (x's dtype), optional `b_gate_up [E, 2I]`,
         `b_down [E, H]`; the weights may be `moe_pallas.QuantizedWeight`s (`quantize_experts`;
-        forward and gradients of x and topk_weight, none of the weights); a mapping, a `moe_pallas.MoE` layer (its `expert_params()`), or an
-        object with these attributes.
+        forward and gradients of x and topk_weight, none of the weights); a mapping, a
+        `moe_pallas.MoE` layer (its `expert_params()`), or an object with these attributes.
       activation: "swiglu" (gate = first I columns of gate_up) or "gptoss" (gate = even columns,
         clamped GLU with alpha 1.702, limit 7).
       implementation: "auto" (best for the platform), "xla", "pallas_triton", "mosaic_gpu".

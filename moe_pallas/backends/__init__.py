@@ -32,8 +32,8 @@ products its FP8 x FP8 kernel tiles (`kernels.gmm_fp8_mgpu`: K, N and the stored
 of 64, plain or either GLU; fp8_block's GLU halves whole scale blocks), "auto" gives them to it
 where the device's table has a "gmm_a8" / "gmm_glu_a8" entry for "mosaic_gpu" and, with its
 default config, where Triton would multiply them in float16 (`fp8_past_triton_offsets`); every
-other quantised call runs on "pallas_triton" on a GPU; "xla" (and so "auto" off GPU) materialises the
-dense weight per call.
+other quantised call runs on "pallas_triton" on a GPU; "xla" (and so "auto" off GPU)
+materialises the dense weight per call.
 Products with a transposed quantised weight (the backward's dx and the GLU's input gradient) run
 `kernels.gmm_quant_t` on "pallas_triton" where it takes them (every format, but fp8_block's
 per-column scales and float32 lhs), and are dequantised per call otherwise (and every call on
