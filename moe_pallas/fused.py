@@ -50,15 +50,15 @@ and the bias gradients are per-expert segment sums of dy and dh.
 
 FP8 training (`fp8_training`, from `moe_experts(..., fp8_training=True)`), DeepSeek-V3's recipe on
 dense weights: each call quantises w_gate_up and w_down to e4m3 per 128 x 128 block
-(`quant.fp8_training_weights`), and every product above but the weight gradients runs on the FP8
+(`quant.fp8_training_weight`), and every product above but the weight gradients runs on the FP8
 tensor cores, its lhs quantised per row and 128 values of K (`quant.quantize_rows`), q(·) below:
     h, y         = the forward's gmm calls on q(x) and q(a) with q(w_gate_up), q(w_down)
     g[m]         = gmm(q(dout)[row_token], q(w_down)ᵀ)
     dx           = combine(gmm(q(dh), q(w_gate_up)ᵀ), pair_row)
     d_w_down, d_w_gate_up: the tgmm calls above, in x's dtype on the unquantised a, dy, x, dh
-q(w)ᵀ is one quantisation read two ways: a 128 x 128 block of w is one of wᵀ, so its values and
-scales serve both products, stored once per layout (the FP8 tensor cores take both operands
-K-major). The weight gradients are those of the dense weights with every q taken as the identity
+q(w)ᵀ is the same quantisation stored the other way: a 128 x 128 block of w is one of wᵀ, so the
+same values and scales serve both products, each call writing the layout its product reads (the
+FP8 tensor cores take both operands K-major). The weight gradients are those of the dense weights with every q taken as the identity
 (straight through); their products, a third of the block's multiply-adds, stay in x's dtype.
 The backward quantises the weights again instead of keeping the e4m3 copies as residuals: one
 read of the dense weights, against holding 1 byte a weight value from forward to backward. On
@@ -92,9 +92,9 @@ def _precision(dtype):
 
 def _transposed(w, fp8_training):
     """(rhs, transpose_rhs) of a product with wᵀ: under FP8 training wᵀ quantised in its own
-    layout (`quant.fp8_training_weights`), a plain product on the FP8 tensor cores."""
+    layout (`quant.fp8_training_weight`), a plain product on the FP8 tensor cores."""
     if fp8_training:
-        return quant.fp8_training_weights(w)[1], False
+        return quant.fp8_training_weight(w, transposed=True), False
     return w, True
 
 
@@ -118,7 +118,7 @@ def _forward(activation, policy, fp8_training, x, topk_idx, topk_weight, params,
     d, row_expert, row_weight = _routing(topk_idx, topk_weight, params["w_gate_up"].shape[0])
     weights = {name: params[name] for name in ("w_gate_up", "w_down")}
     if fp8_training:  # this call's quantisation of the dense weights (module docstring)
-        weights = {name: quant.fp8_training_weights(w)[0] for name, w in weights.items()}
+        weights = {name: quant.fp8_training_weight(w) for name, w in weights.items()}
     gate_up = functools.partial(
         backends.gmm,
         policy,

@@ -347,27 +347,29 @@ def quantize_weight(w: jax.Array, fmt: str, name: str = "the weight") -> Quantiz
     return with_scale_bound(_quantize(w, fmt))
 
 
-def fp8_training_weights(w: jax.Array) -> tuple[QuantizedWeight, QuantizedWeight]:
-    """A dense `[E, K, N]` weight -> (w_q, wt_q), "fp8_block" with FP8 activations: w_q the
-    weight, wt_q its transpose `[E, N, K]`, for `fused`'s FP8 training (forward products with w,
-    the backward's with wᵀ). One quantisation serves both: a 128 x 128 block of w is a block of
-    wᵀ, so wt_q holds the same e4m3 values and scales, stored in its own N-major order (the
-    values [E, K, N] as w's logical layout, the scales transposed), as the FP8 tensor cores take
-    both operands K-major. Under jit; one expert chunk at a time (`QUANTIZE_CHUNK`)."""
+def fp8_training_weight(w: jax.Array, transposed: bool = False) -> QuantizedWeight:
+    """A dense `[E, K, N]` weight as "fp8_block" with FP8 activations, for `fused`'s FP8 training:
+    w itself, or with `transposed` wᵀ `[E, N, K]` (the backward's products with wᵀ). One rule
+    serves both: a 128 x 128 block of w is a block of wᵀ, so wᵀ holds the same e4m3 values and
+    scales, stored in its own N-major order (its values in w's [E, K, N] order, the scales
+    transposed), as the FP8 tensor cores take both operands K-major; w's is the weight
+    `quantize_weight(w, "fp8_block")` gives. Under jit; an expert chunk at a time
+    (`QUANTIZE_CHUNK`), each chunk written in its stored order, so a call holds one 1-byte copy
+    of the weight."""
 
-    def one(w_e):  # [K, N] -> e4m3 values [K, N] and block scales [ceil(K/128), ceil(N/128)]
+    def one(w_e):  # [K, N] -> its e4m3 values and [ceil(K/128), ceil(N/128)] scales, as stored
         k, n = w_e.shape
         kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
         wf = w_e.astype(jnp.float32)
         padded = jnp.pad(jnp.abs(wf), ((0, kb * FP8_BLOCK - k), (0, nb * FP8_BLOCK - n)))
         scales = _safe_scale(padded.reshape(kb, FP8_BLOCK, nb, FP8_BLOCK).max(axis=(1, 3)))
         s = _expand_blocks(scales[None], k, n)[0]
-        return jnp.clip(wf / s, -FP8_MAX, FP8_MAX).astype(jnp.float8_e4m3fn), scales
+        values = jnp.clip(wf / s, -FP8_MAX, FP8_MAX).astype(jnp.float8_e4m3fn)
+        return (values, scales.T) if transposed else (values.T, scales)
 
     values, scales = jax.lax.map(one, w, batch_size=min(QUANTIZE_CHUNK, max(w.shape[0], 1)))
-    w_q = QuantizedWeight(jnp.swapaxes(values, 1, 2), scales, "fp8_block", w.dtype)
-    wt_q = QuantizedWeight(values, jnp.swapaxes(scales, 1, 2), "fp8_block", w.dtype)
-    return _with_fp8_activations(w_q, True), _with_fp8_activations(wt_q, True)
+    qw = QuantizedWeight(values, scales, "fp8_block", w.dtype)
+    return _with_fp8_activations(qw, True)
 
 
 def _check_finite(w: jax.Array, name: str) -> None:

@@ -29,12 +29,13 @@ FP8_TRAINING_BOUND = 1.5e-1
 
 
 def test_one_quantisation_serves_w_and_its_transpose():
-    """`fp8_training_weights`: w_q decodes to what quantize_experts' "fp8_block" gives (ragged K
-    and N tails: 200 x 136), wt_q to its transpose, bit for bit; both with FP8 activations and
-    the products as the kernels take them (N-major values)."""
+    """`fp8_training_weight`: w_q decodes to what quantize_experts' "fp8_block" gives (ragged K
+    and N tails: 200 x 136), the transposed one to its transpose, bit for bit; both with FP8
+    activations, their values N-major as the kernels take them."""
     rng = np.random.default_rng()
     w = jnp.asarray(rng.standard_normal((3, 200, 136)) * rng.random((3, 1, 136)), jnp.bfloat16)
-    w_q, wt_q = jax.jit(quant.fp8_training_weights)(w)
+    w_q, wt_q = (jax.jit(quant.fp8_training_weight, static_argnums=1)(w, t) for t in (False, True))
+    assert w_q.values.shape[:2] == (3, 136) and wt_q.values.shape[:2] == (3, 200)
     assert w_q.shape == (3, 200, 136) and wt_q.shape == (3, 136, 200)
     assert w_q.fp8_activations and wt_q.fp8_activations and w_q.fmt == wt_q.fmt == "fp8_block"
     want = quant.quantize_weight(w, "fp8_block").dequantize(jnp.float32)
@@ -131,7 +132,7 @@ def test_fp8_training_quantises_what_it_says():
     }
     for w in params.values():
         np.testing.assert_array_equal(
-            quant.fp8_training_weights(w)[0].dequantize(jnp.float32), w.astype(jnp.float32)
+            quant.fp8_training_weight(w).dequantize(jnp.float32), w.astype(jnp.float32)
         )
     x = _on_grid(rng, (num_tokens, hidden), -8, 1)
     np.testing.assert_array_equal(quant.fp8_rows(x), x)
