@@ -306,13 +306,26 @@ def _dequantize(qw: QuantizedWeight, dtype) -> jax.Array:
     return jax.lax.map(lambda vs: one(*vs), (qw.values, qw.scales), batch_size=chunk)
 
 
+def _e4m3(w, scale):
+    """w / scale rounded to nearest even in e4m3, saturating at ±FP8_MAX."""
+    return jnp.clip(w / scale, -FP8_MAX, FP8_MAX).astype(jnp.float8_e4m3fn)
+
+
 def _fp8_values(w, scale):
     """[E, K, N] weights over their scales -> e4m3 values stored N-major, [E, N, row_pitch(K)]
     (zeros past K)."""
-    q = jnp.clip(w / scale, -FP8_MAX, FP8_MAX)
     k = w.shape[1]
-    q = jnp.pad(q, ((0, 0), (0, row_pitch(k) - k), (0, 0)))
-    return jnp.swapaxes(q.astype(jnp.float8_e4m3fn), 1, 2)
+    q = jnp.pad(_e4m3(w, scale), ((0, 0), (0, row_pitch(k) - k), (0, 0)))
+    return jnp.swapaxes(q, 1, 2)
+
+
+def _block_scales(w_e):
+    """One expert's [K, N] float32 weight -> its "fp8_block" scales [ceil(K/128), ceil(N/128)]:
+    each 128 x 128 block's absmax / FP8_MAX."""
+    k, n = w_e.shape
+    kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
+    padded = jnp.pad(jnp.abs(w_e), ((0, kb * FP8_BLOCK - k), (0, nb * FP8_BLOCK - n)))
+    return _safe_scale(padded.reshape(kb, FP8_BLOCK, nb, FP8_BLOCK).max(axis=(1, 3)))
 
 
 def _safe_scale(absmax):
@@ -358,13 +371,9 @@ def fp8_training_weight(w: jax.Array, transposed: bool = False) -> QuantizedWeig
     of the weight."""
 
     def one(w_e):  # [K, N] -> its e4m3 values and [ceil(K/128), ceil(N/128)] scales, as stored
-        k, n = w_e.shape
-        kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
         wf = w_e.astype(jnp.float32)
-        padded = jnp.pad(jnp.abs(wf), ((0, kb * FP8_BLOCK - k), (0, nb * FP8_BLOCK - n)))
-        scales = _safe_scale(padded.reshape(kb, FP8_BLOCK, nb, FP8_BLOCK).max(axis=(1, 3)))
-        s = _expand_blocks(scales[None], k, n)[0]
-        values = jnp.clip(wf / s, -FP8_MAX, FP8_MAX).astype(jnp.float8_e4m3fn)
+        scales = _block_scales(wf)
+        values = _e4m3(wf, _expand_blocks(scales[None], *wf.shape)[0])
         return (values, scales.T) if transposed else (values.T, scales)
 
     values, scales = jax.lax.map(one, w, batch_size=min(QUANTIZE_CHUNK, max(w.shape[0], 1)))
@@ -417,11 +426,8 @@ def _quantize_one(w, fmt):
         scales = _safe_scale(jnp.max(jnp.abs(wf), axis=1))
         return _fp8_values(wf, scales[:, None, :])[0], scales[0]
     if fmt == "fp8_block":
-        kb, nb = -(-k // FP8_BLOCK), -(-n // FP8_BLOCK)
-        padded = jnp.pad(jnp.abs(wf), ((0, 0), (0, kb * FP8_BLOCK - k), (0, nb * FP8_BLOCK - n)))
-        absmax = padded.reshape(1, kb, FP8_BLOCK, nb, FP8_BLOCK).max(axis=(2, 4))
-        scales = _safe_scale(absmax)
-        return _fp8_values(wf, _expand_blocks(scales, k, n))[0], scales[0]
+        scales = _block_scales(wf[0])
+        return _fp8_values(wf, _expand_blocks(scales[None], k, n))[0], scales
     blocks = wf.reshape(k // MX_BLOCK, MX_BLOCK, n)
     absmax = jnp.max(jnp.abs(blocks), axis=1)
     _, exp = jnp.frexp(absmax)  # absmax = m · 2^exp, m in [0.5, 1): floor(log2) = exp - 1
