@@ -19,7 +19,8 @@ routing weights); gmm/tgmm cases time one grouped matmul.
                         FMT fp8_a8 / fp8_block_a8: those weights with `fp8_activations` (the
                         activations in e4m3 too, products on the FP8 tensor cores).
   moe_pallas:auto+fp8_training  our train step with `fp8_training` (train cases): bf16 weights
-                        quantised per call, forward and dx products on the FP8 tensor cores.
+                        quantised per call, the forward's products and the backward's with wᵀ on
+                        the FP8 tensor cores.
   tokamax+FMT           the tokamax glue with FMT weights as a qwix QArray (`qarray_parts`), so
                         tokamax's quantised ragged_dot runs (on Hopper: scales that tile K only).
   cublas_line           the yardstick: the case's matmul work as cuBLAS batched dots with perfect
