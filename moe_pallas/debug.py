@@ -4,8 +4,9 @@ Inside the context (at trace time: enable it before jit traces your step), `moe_
 `ragged_dot` check their data on the device and raise, through `jax.debug.callback`, a ValueError
 naming the argument when expert ids fall outside [0, E), routing weights or tokens are not finite,
 group sizes are negative or do not sum to at most the row count, an mxfp4 weight claims
-`small_scales` that its scales exceed, or an fp8 weight's row padding up to the next multiple of
-128 values (which Mosaic GPU's FP8-activation kernel reads, against zeros) is not finite.
+`small_scales` that its scales exceed, an fp8 weight's row padding up to the next multiple of
+128 values (which Mosaic GPU's FP8-activation kernel reads, against zeros) is not finite, or a
+dense weight that `fp8_training` quantises holds a NaN or an infinity.
 
 Under `jit` JAX (0.11.2) does not re-raise an exception of a host callback: the step raises
 `jax.errors.JaxRuntimeError` ("INTERNAL: CpuCallback error calling callback: ...", the
@@ -112,6 +113,25 @@ def check_weight(name: str, w) -> None:
     `check_row_padding`; no-op unless enabled)."""
     check_scale_bound(name, w)
     check_row_padding(name, w)
+
+
+def check_quantisable(name: str, w) -> None:
+    """Device-side check that a dense weight quantised at each call (`fp8_training`) is finite: a
+    NaN or an infinity sets its 128 x 128 block's scale and spoils the block (no-op unless
+    enabled)."""
+    if not enabled():
+        return
+
+    def host_check(per_expert):
+        per_expert = np.asarray(per_expert)
+        _raise_if(
+            per_expert.any(),
+            f"{name} holds {int(per_expert.sum())} NaN or infinite value(s), the first in expert "
+            f"{int(np.flatnonzero(per_expert)[0]) if per_expert.any() else 0}; fp8_training "
+            "would spread each over its 128 x 128 block. Fix those weights first.",
+        )
+
+    jax.debug.callback(host_check, jnp.sum(~jnp.isfinite(w), axis=(1, 2), dtype=jnp.int32))
 
 
 def check_scale_bound(name: str, w) -> None:

@@ -171,6 +171,8 @@ def moe_experts(
     params = {k: quant.guard_gradients(v) for k, v in params.items()}
     for name in ("w_gate_up", "w_down"):
         debug.check_weight(f"params[{name!r}]", params[name])
+        if fp8_training:
+            debug.check_quantisable(f"params[{name!r}]", params[name])
     if mesh is not None or return_stats:  # (parallel checks routing itself, mesh-wide)
         out, stats = parallel.moe_experts_parallel(
             x,

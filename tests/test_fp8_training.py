@@ -178,6 +178,43 @@ def test_moe_layer_trains_with_fp8_training():
     assert last < first
 
 
+@pytest.mark.parametrize("implementation", ["pallas_triton", "xla"])
+def test_a_non_finite_weight_spoils_its_block(implementation):
+    """An infinity in w_down[1] under fp8_training sets its 128 x 128 block's scale: the block's
+    128 output columns are NaN in expert 1's rows (one column without fp8_training), every other
+    row finite; under `debug_checks` the call raises, naming the weight and its expert."""
+    rng = np.random.default_rng()
+    params = make_params(rng, 2, 256, 128, biases=False)
+    params = {k: jnp.asarray(v, jnp.bfloat16) for k, v in params.items()}
+    params["w_down"] = params["w_down"].at[1, 5, 7].set(jnp.inf)
+    x = jnp.asarray(rng.standard_normal((4, 256)), jnp.bfloat16)
+    idx, wts = jnp.array([[0], [1], [1], [0]], jnp.int32), jnp.ones((4, 1))
+    for fp8, width in ((True, 128), (False, 1)):
+        out = moe_pallas.moe_experts(
+            x,
+            idx,
+            wts,
+            params,
+            activation="swiglu",
+            implementation=implementation,
+            fp8_training=fp8,
+        )
+        bad = ~np.isfinite(np.asarray(out, np.float32))
+        assert bad.sum(axis=1).tolist() == [0, width, width, 0], fp8
+        assert bad[1, :128].all() == fp8 and bad[1, 7]
+    message = r"params\['w_down'\] holds 1 NaN .* expert 1"
+    with pytest.raises(ValueError, match=message), moe_pallas.debug_checks():
+        moe_pallas.moe_experts(
+            x,
+            idx,
+            wts,
+            params,
+            activation="swiglu",
+            implementation=implementation,
+            fp8_training=True,
+        )
+
+
 def test_fp8_training_errors():
     rng = np.random.default_rng()
     params = make_params(rng, 2, 128, 64, biases=False)
