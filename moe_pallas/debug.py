@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moe_pallas.quant import MX_SMALL_CODE
+from moe_pallas.quant import MX_SMALL_CODE, non_finite_counts
 
 _state = threading.local()
 # The last check that failed, read by `debug_checks` when the step's JaxRuntimeError leaves it.
@@ -131,7 +131,7 @@ def check_quantisable(name: str, w) -> None:
             "would spread each over its 128 x 128 block. Fix those weights first.",
         )
 
-    jax.debug.callback(host_check, jnp.sum(~jnp.isfinite(w), axis=(1, 2), dtype=jnp.int32))
+    jax.debug.callback(host_check, non_finite_counts(w))
 
 
 def check_scale_bound(name: str, w) -> None:

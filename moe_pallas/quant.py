@@ -383,7 +383,7 @@ def fp8_training_weight(w: jax.Array, transposed: bool = False) -> QuantizedWeig
 
 def _check_finite(w: jax.Array, name: str) -> None:
     """A ValueError if the concrete weight w holds a NaN or an infinity (module docstring)."""
-    per_expert = np.asarray(_non_finite_counts(w), np.int64)
+    per_expert = np.asarray(non_finite_counts(w), np.int64)
     if per_expert.any():
         e = int(np.flatnonzero(per_expert)[0])
         k, n = (int(i) for i in _first_non_finite(w[e]))
@@ -395,7 +395,7 @@ def _check_finite(w: jax.Array, name: str) -> None:
 
 
 @jax.jit
-def _non_finite_counts(w):
+def non_finite_counts(w):
     """Per expert, how many of w's values are NaN or infinite (one fused pass, no mask kept)."""
     return jnp.sum(~jnp.isfinite(w), axis=(1, 2), dtype=jnp.int32)
 
