@@ -50,20 +50,22 @@ and the bias gradients are per-expert segment sums of dy and dh.
 
 FP8 training (`fp8_training`, from `moe_experts(..., fp8_training=True)`), DeepSeek-V3's recipe on
 dense weights: each call quantises w_gate_up and w_down to e4m3 per 128 x 128 block
-(`quant.fp8_training_weight`), and every product above but the weight gradients runs on the FP8
+(`quant.fp8_training_weights`), and every product above but the weight gradients runs on the FP8
 tensor cores, its lhs quantised per row and 128 values of K (`quant.quantize_rows`), q(·) below:
     h, y         = the forward's gmm calls on q(x) and q(a) with q(w_gate_up), q(w_down)
     g[m]         = gmm(q(dout)[row_token], q(w_down)ᵀ)
     dx           = combine(gmm(q(dh), q(w_gate_up)ᵀ), pair_row)
     d_w_down, d_w_gate_up: the tgmm calls above, in x's dtype on the unquantised a, dy, x, dh
 q(w)ᵀ is the same quantisation stored the other way: a 128 x 128 block of w is one of wᵀ, so the
-same values and scales serve both products, each call writing the layout its product reads (the
-FP8 tensor cores take both operands K-major). The weight gradients are those of the dense weights with every q taken as the identity
-(straight through); their products, a third of the block's multiply-adds, stay in x's dtype.
-The backward quantises the weights again instead of keeping the e4m3 copies as residuals: one
-read of the dense weights, against holding 1 byte a weight value from forward to backward. On
-"xla" the same block runs on that backend's ops (its gmm computes the quantised products exactly
-in float32), not its own `experts`.
+same values and scales serve both products, each stored in the layout its product reads (the FP8
+tensor cores take both operands K-major). The weight gradients are those of the dense weights
+with every q taken as the identity (straight through); their products, a third of the block's
+multiply-adds, stay in x's dtype. Under differentiation the forward writes q(w) and q(w)ᵀ in one
+pass over each dense weight (`kernels.fp8_blocks`: 2 bytes read and 2 written per weight value)
+and keeps q(w)ᵀ as a residual for the backward (1 byte per weight value held), where quantising
+again would read the dense weights a second time; without it only q(w) is written. On "xla" the
+same block runs on that backend's ops (`quant.fp8_training_weight`'s jnp rule; its gmm computes
+the quantised products exactly in float32), not its own `experts`.
 """
 
 import functools
@@ -90,24 +92,16 @@ def _precision(dtype):
     return jax.lax.Precision.HIGHEST if jnp.dtype(dtype).itemsize >= 4 else None
 
 
-def _transposed(w, fp8_training):
-    """(rhs, transpose_rhs) of a product with wᵀ: under FP8 training wᵀ quantised in its own
-    layout (`quant.fp8_training_weight`), a plain product on the FP8 tensor cores."""
-    if fp8_training:
-        return quant.fp8_training_weight(w, transposed=True), False
-    return w, True
-
-
-def dlhs(activation, policy, dout, w_down, h, d, row_weight, fp8_training=False):
-    """(dh, a, dw) of the module docstring's backward, dh and a in h's dtype, dw float32 [M]."""
-    rhs, transpose_rhs = _transposed(w_down, fp8_training)
+def dlhs(activation, policy, dout, w_down, h, d, row_weight, w_down_t=None):
+    """(dh, a, dw) of the module docstring's backward, dh and a in h's dtype, dw float32 [M];
+    under FP8 training g's product takes q(w_down)ᵀ as written (w_down_t)."""
     g = backends.gmm(
         policy,
         dout,
-        rhs,
+        w_down if w_down_t is None else w_down_t,
         d.group_sizes,
         lhs_row_index=d.row_token,
-        transpose_rhs=transpose_rhs,
+        transpose_rhs=w_down_t is None,
         out_dtype=jnp.float32,
     )
     return backends.block_ops(policy).glu_backward(h, g, row_weight, activation)
@@ -117,8 +111,14 @@ def _forward(activation, policy, fp8_training, x, topk_idx, topk_weight, params,
     """(out, residuals for `_fused_bwd`); without keep_h the GLU runs in gmm's epilogue, no h."""
     d, row_expert, row_weight = _routing(topk_idx, topk_weight, params["w_gate_up"].shape[0])
     weights = {name: params[name] for name in ("w_gate_up", "w_down")}
+    weights_t = None
     if fp8_training:  # this call's quantisation of the dense weights (module docstring)
-        weights = {name: quant.fp8_training_weight(w) for name, w in weights.items()}
+        pairs = {
+            name: quant.fp8_training_weights(w, both=keep_h, kernel=policy != "xla")
+            for name, w in weights.items()
+        }
+        weights = {name: pair[0] for name, pair in pairs.items()}
+        weights_t = {name: pair[1] for name, pair in pairs.items()} if keep_h else None
     gate_up = functools.partial(
         backends.gmm,
         policy,
@@ -143,7 +143,7 @@ def _forward(activation, policy, fp8_training, x, topk_idx, topk_weight, params,
     )
     combine = backends.block_ops(policy).combine
     out = combine(y, d.pair_row.reshape(topk_idx.shape), out_dtype=x.dtype)
-    return out, (x, topk_idx, topk_weight, params, d, row_expert, row_weight, h)
+    return out, (x, topk_idx, topk_weight, params, d, row_expert, row_weight, h, weights_t)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
@@ -152,12 +152,13 @@ def _fused(activation, policy, fp8_training, x, topk_idx, topk_weight, params):
 
 
 def _fused_bwd(activation, policy, fp8_training, residuals, dout):
-    x, topk_idx, topk_weight, params, d, row_expert, row_weight, h = residuals
+    x, topk_idx, topk_weight, params, d, row_expert, row_weight, h, weights_t = residuals
+    w_t = weights_t or {}
     num_tokens, top_k = topk_idx.shape
     num_experts = params["w_gate_up"].shape[0]
     dout = dout.astype(x.dtype)
     dh, a, dw_rows = dlhs(
-        activation, policy, dout, params["w_down"], h, d, row_weight, fp8_training
+        activation, policy, dout, params["w_down"], h, d, row_weight, w_t.get("w_down")
     )
     grads = {}
     # Bias gradients: the per-expert sums of dy and dh, from the tgmm calls that read them. dy's
@@ -203,8 +204,14 @@ def _fused_bwd(activation, policy, fp8_training, residuals, dout):
         dw_rows = dw_rows + jnp.where(
             row_valid, bias_dot[d.row_token, jnp.where(row_valid, row_expert, 0)], 0
         )
-    rhs, transpose_rhs = _transposed(params["w_gate_up"], fp8_training)
-    dx_rows = backends.gmm(policy, dh, rhs, d.group_sizes, transpose_rhs=transpose_rhs)
+    w_gate_up_t = w_t.get("w_gate_up")
+    dx_rows = backends.gmm(
+        policy,
+        dh,
+        params["w_gate_up"] if w_gate_up_t is None else w_gate_up_t,
+        d.group_sizes,
+        transpose_rhs=w_gate_up_t is None,
+    )
     dx = backends.block_ops(policy).combine(
         dx_rows, d.pair_row.reshape(num_tokens, top_k), out_dtype=x.dtype
     )

@@ -90,6 +90,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moe_pallas.kernels.fp8_blocks import fp8_blocks
 from moe_pallas.kernels.gmm_quant import PAIRED_MIN_ELEMENTS
 from moe_pallas.kernels.mx_words import mxfp4_pack, mxfp4_unpack
 
@@ -379,6 +380,39 @@ def fp8_training_weight(w: jax.Array, transposed: bool = False) -> QuantizedWeig
     values, scales = jax.lax.map(one, w, batch_size=min(QUANTIZE_CHUNK, max(w.shape[0], 1)))
     qw = QuantizedWeight(values, scales, "fp8_block", w.dtype)
     return _with_fp8_activations(qw, True)
+
+
+def fp8_training_weights(
+    w: jax.Array, both: bool, kernel: bool
+) -> tuple[QuantizedWeight, QuantizedWeight | None]:
+    """(q(w), q(w)ᵀ or None): `fp8_training_weight(w)` and, with both, `fp8_training_weight(w,
+    transposed=True)`. With kernel, `kernels.fp8_blocks` writes them (both from one read of w),
+    rows zero-padded to the pitch FP8 activations keep (module docstring, Row pitch); where a
+    row length is odd, or without kernel, the jnp rule above does (the "xla" backend's)."""
+    e, k, n = w.shape
+    pitch, pitch_t = (_activation_pitch(e, rows, length) for rows, length in ((n, k), (k, n)))
+    if not kernel or pitch % 2 or (both and pitch_t % 2):
+        return fp8_training_weight(w), fp8_training_weight(w, transposed=True) if both else None
+    out = fp8_blocks(w, pitch, pitch_t if both else None)
+
+    def stored(values, scales, length):
+        return QuantizedWeight(
+            values,
+            scales,
+            "fp8_block",
+            w.dtype,
+            fp8_activations=True,
+            k=length if values.shape[2] != length else None,
+        )
+
+    return stored(out[0], out[1], k), stored(out[2], out[3], n) if both else None
+
+
+def _activation_pitch(e: int, rows: int, length: int) -> int:
+    """The row length of FP8-activation fp8 values [e, rows, length] as stored
+    (`_with_fp8_activations`): padded to `row_pitch` where that keeps their offsets' side."""
+    pitch = row_pitch(length)
+    return pitch if pitch != length and _pitch_keeps_offsets(e, rows, length) else length
 
 
 def _check_finite(w: jax.Array, name: str) -> None:

@@ -3,6 +3,7 @@ each weight read as w and as wᵀ, the block's forward and gradients on both bac
 other and against the dense block, the layer option, errors, and the lowering for the H200."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,30 @@ def test_one_quantisation_serves_w_and_its_transpose():
     np.testing.assert_array_equal(w_q.dequantize(jnp.float32), want)
     np.testing.assert_array_equal(wt_q.dequantize(jnp.float32), jnp.swapaxes(want, 1, 2))
     assert w_q.dtype == wt_q.dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("shape", [(2, 1900, 136), (3, 200, 130), (1, 99, 64)])
+def test_kernel_writes_the_rule(shape):
+    """`fp8_training_weights` with the kernel (`kernels.fp8_blocks`, interpret mode: exact
+    division) against the jnp rule, bit for bit: both layouts in one call, ragged K and N tails, a
+    block of zeros (scale 1), K = 1900's rows padded to the 2048 pitch with zeros (the rule pads
+    them so too), and odd K = 99, which the kernel's byte pairs cannot hold (the rule writes it)."""
+    rng = np.random.default_rng()
+    e, k, n = shape
+    w = rng.standard_normal(shape) * np.exp(rng.standard_normal((e, 1, n)))
+    w[0, :128, :64] = 0
+    w = jnp.asarray(w, jnp.bfloat16)
+    pair = functools.partial(quant.fp8_training_weights, both=True)
+    got = jax.jit(functools.partial(pair, kernel=True))(w)
+    want = jax.jit(functools.partial(pair, kernel=False))(w)
+    assert got[0].k == want[0].k and got[0].values.shape[2] == quant._activation_pitch(e, n, k)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and a.k == b.k and a.fp8_activations
+        np.testing.assert_array_equal(a.scales, b.scales)
+        np.testing.assert_array_equal(a.values.view(jnp.uint8), b.values.view(jnp.uint8))
+    q_only = jax.jit(lambda w: quant.fp8_training_weights(w, both=False, kernel=True))(w)
+    assert q_only[1] is None
+    np.testing.assert_array_equal(q_only[0].values.view(jnp.uint8), want[0].values.view(jnp.uint8))
 
 
 def _loss_and_grads(activation, implementation, fp8_training, x, idx, wts, params, dout):
