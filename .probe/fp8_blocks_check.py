@@ -50,3 +50,23 @@ for name, shape in (("gptoss gate_up", (128, 2880, 5760)), ("gptoss down", (128,
             print(f"  {layout}: shapes {a.values.shape} {b.values.shape} k {a.k} {b.k}; scales equal {same_scales}; "
                   f"values differing {diff} of {va.size} ({diff / va.size:.2e}), largest relative step {ratio:.4f}", flush=True)
     del res, w
+
+# The train step with fp8_training at gpt-oss's size, T = 2048: against the bf16 step and against
+# pallas_triton's fp8_training step (the gpu test's comparisons, one size).
+from tests.helpers import device_expert_params, device_normal, random_routing  # noqa: E402
+from tests.test_fp8_training import _loss_and_grads  # noqa: E402
+from tests.test_quant import rel_err  # noqa: E402
+
+rng = np.random.default_rng(7)
+params = device_expert_params(rng, 128, 2880, 2880, jnp.bfloat16, (0.1, 0.1))
+x = device_normal(rng, (2048, 2880), jnp.bfloat16)
+idx, wts = (jnp.asarray(a) for a in random_routing(rng, 2048, 128, 4))
+dout = device_normal(rng, (2048, 2880), jnp.float32)
+runs = {}
+for impl, fp8 in (("auto", True), ("auto", False), ("pallas_triton", True)):
+    step = jax.jit(lambda *a, impl=impl, fp8=fp8: _loss_and_grads("gptoss", impl, fp8, *a))
+    runs[(impl, fp8)] = jax.tree.leaves(step(x, idx, wts, params, dout))
+got = runs[("auto", True)]
+for key, leaves in runs.items():
+    errs = [float(rel_err(a, b)) for a, b in zip(got, leaves, strict=True)]
+    print("step vs", key, "max rel err", f"{max(errs):.3e}", [f"{e:.2e}" for e in errs], flush=True)

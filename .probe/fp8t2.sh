@@ -8,7 +8,7 @@ mkdir -p $OUT/r
 finish() { tar czf $OUT/r.tgz -C $OUT r; }
 trap finish EXIT
 t0=$SECONDS
-timeout 150 python3 .probe/fp8_blocks_check.py 2>&1 | grep -v "^WARNING\|^I0000" | tee $OUT/r/check.log
+timeout 200 python3 .probe/fp8_blocks_check.py 2>&1 | grep -v "^WARNING\|^I0000" | tee $OUT/r/check.log
 echo "== check $((SECONDS-t0)) s"; t0=$SECONDS
 timeout 170 python3 -m benchmarks.run --out $OUT/r/train --suite train --no-plots --time-limit 130 \
   --impls moe_pallas:auto,cublas_line,moe_pallas:auto+fp8_training > $OUT/r/train.log 2>&1
@@ -23,5 +23,3 @@ t0=$SECONDS
 timeout 90 python3 -m benchmarks.trace --steps 5 --impl moe_pallas:auto+fp8_training \
   --out $OUT/r/trace.md --case gptoss:train:4096 > $OUT/r/trace.log 2>&1
 echo "rc=$? == trace $((SECONDS-t0)) s"; t0=$SECONDS
-timeout $((465 - SECONDS)) python3 -m pytest -q -m gpu tests/test_fp8_training.py -p no:warnings 2>&1 | tee $OUT/r/tests.log | tail -4
-echo "== tests $((SECONDS-t0)) s"; t0=$SECONDS
