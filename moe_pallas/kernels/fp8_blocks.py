@@ -70,39 +70,26 @@ def _kernel(w_ref, *out_refs, k, n, p, p_t, both):
     q = [
         [jnp.clip(v / s, -FP8_MAX, FP8_MAX).astype(jnp.float8_e4m3fn) for v in row] for row in quads
     ]
-    in_block = (kb < k_blocks) & (nb < n_blocks)
+    in_block = jnp.broadcast_to((kb < k_blocks) & (nb < n_blocks), (1, 1))
     one = jnp.broadcast_to(s, (1, 1))
-    plgpu.store(
-        scales_ref.at[pl.ds(e * k_blocks + kb, 1), pl.ds(nb, 1)],
-        one,
-        mask=jnp.broadcast_to(in_block, (1, 1)),
-    )
-    # values [E·N, P/2] words: row e·N + n holds K's pairs (2k, 2k + 1).
-    k_pairs = kb * _HALF + half
-    for c in (0, 1):
-        words = _pairs(q[0][c], q[1][c]).T  # [n (parity c), pair of K]
-        plgpu.store(
-            values_ref.at[(e * n + ns[c])[:, None], k_pairs[None, :]],
-            words,
-            mask=(ns[c] < n)[:, None] & (k_pairs < p // 2)[None, :],
-        )
-    if not both:
-        return
-    values_t_ref, scales_t_ref = out_refs[2:]
-    plgpu.store(
-        scales_t_ref.at[pl.ds(e * n_blocks + nb, 1), pl.ds(kb, 1)],
-        one,
-        mask=jnp.broadcast_to(in_block, (1, 1)),
-    )
-    # values_t [E·K, P_t/2] words: row e·K + k holds N's pairs (2n, 2n + 1).
-    n_pairs = nb * _HALF + half
-    for r in (0, 1):
-        words = _pairs(q[r][0], q[r][1])  # [k (parity r), pair of N]
-        plgpu.store(
-            values_t_ref.at[(e * k + ks[r])[:, None], n_pairs[None, :]],
-            words,
-            mask=(ks[r] < k)[:, None] & (n_pairs < p_t // 2)[None, :],
-        )
+    # values [E·N, P/2] words: row e·N + n holds K's pairs (2k, 2k + 1); values_t [E·K, P_t/2]
+    # words: row e·K + k holds N's pairs (2n, 2n + 1).
+    k_pairs, n_pairs = kb * _HALF + half, nb * _HALF + half
+    layouts = [(values_ref, scales_ref, e * k_blocks + kb, nb, e * n, n, k_pairs, p)]
+    if both:
+        values_t_ref, scales_t_ref = out_refs[2:]
+        layouts.append((values_t_ref, scales_t_ref, e * n_blocks + nb, kb, e * k, k, n_pairs, p_t))
+    for i, (v_ref, s_ref, s_row, s_col, base, rows, pairs, length) in enumerate(layouts):
+        plgpu.store(s_ref.at[pl.ds(s_row, 1), pl.ds(s_col, 1)], one, mask=in_block)
+        for parity in (0, 1):
+            # The layout's row parity: N's for values (K pairs), K's for values_t (N pairs).
+            words = _pairs(q[0][parity], q[1][parity]).T if i == 0 else _pairs(*q[parity])
+            row = (ns if i == 0 else ks)[parity]
+            plgpu.store(
+                v_ref.at[(base + row)[:, None], pairs[None, :]],
+                words,
+                mask=(row < rows)[:, None] & (pairs < length // 2)[None, :],
+            )
 
 
 def fp8_blocks(w: jax.Array, pitch: int, pitch_t: int | None = None, *, num_warps: int = 4):
