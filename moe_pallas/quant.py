@@ -90,13 +90,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moe_pallas.kernels.fp8_blocks import fp8_blocks
-from moe_pallas.kernels.gmm_quant import PAIRED_MIN_ELEMENTS
+from moe_pallas.kernels.fp8_blocks import FP8_MAX, fp8_blocks
+from moe_pallas.kernels.gmm_quant import FP8_BLOCK, PAIRED_MIN_ELEMENTS
 from moe_pallas.kernels.mx_words import mxfp4_pack, mxfp4_unpack
 
 FORMATS: tuple[str, ...] = ("fp8", "fp8_block", "mxfp4")
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
-FP8_BLOCK = 128  # block edge of "fp8_block" scales; values of K per fp8 activation scale
 MX_BLOCK = 32  # values of K per "mxfp4" scale
 # The largest e8m0 code whose power 2^(code - 1) is a bf16 (`QuantizedWeight.small_scales`).
 MX_SMALL_CODE = 128

@@ -34,8 +34,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from moe_pallas.kernels import _common
+from moe_pallas.kernels.gmm_quant import FP8_BLOCK as BLOCK
 
-BLOCK = 128  # the scale block's edge (`quant.FP8_BLOCK`)
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn
 _HALF = BLOCK // 2
 
