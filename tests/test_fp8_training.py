@@ -70,6 +70,10 @@ def test_kernel_writes_the_rule(shape):
 
 
 def _loss_and_grads(activation, implementation, fp8_training, x, idx, wts, params, dout):
+    """The block's output and the gradients of <out, dout> w.r.t. (x, wts, params), in one jit
+    (eagerly, every op of the forward and backward compiled on its own); a new function each call,
+    so a backend patched by the caller is traced, not taken from an earlier call's cache."""
+
     def loss(x, wts, params):
         out = moe_pallas.moe_experts(
             x,
@@ -82,7 +86,8 @@ def _loss_and_grads(activation, implementation, fp8_training, x, idx, wts, param
         )
         return jnp.vdot(out.astype(jnp.float32), dout), out
 
-    (_, out), grads = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(x, wts, params)
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+    (_, out), grads = step(x, wts, params)
     return out, grads
 
 
@@ -114,9 +119,9 @@ def test_fp8_training_block(activation, num_tokens, hidden, inter):
         return jnp.vdot(out, dout.astype(jnp.float64)), out
 
     with jax.enable_x64():
-        (_, want), want_grads = jax.value_and_grad(reference, argnums=(0, 1, 2), has_aux=True)(
-            x, wts, params
-        )
+        (_, want), want_grads = jax.jit(
+            jax.value_and_grad(reference, argnums=(0, 1, 2), has_aux=True)
+        )(x, wts, params)
         want, want_grads = np.asarray(want), jax.tree.map(np.asarray, want_grads)
     assert out.dtype == jnp.bfloat16 and out.shape == x.shape
     assert rel_err(out, xla_out) < BACKENDS_BOUND
@@ -185,7 +190,7 @@ def test_moe_layer_trains_with_fp8_training():
         for fp8 in (True, False)
     }
     loss = lambda layer: jnp.mean((layer(x) - target) ** 2)
-    grads = {fp8: nnx.grad(loss)(layer) for fp8, layer in layers.items()}
+    grads = {fp8: nnx.jit(nnx.grad(loss))(layer) for fp8, layer in layers.items()}
     for name in ("w_gate_up", "w_down"):
         got, dense = (getattr(grads[fp8], name)[...] for fp8 in (True, False))
         assert rel_err(got, dense) < FP8_TRAINING_BOUND, name
