@@ -489,21 +489,35 @@ def test_moe_experts_quantised(fmt, activation, implementation, token_counts):
     params = {k: jnp.asarray(v, jnp.bfloat16) for k, v in params.items()}
     qparams = moe_pallas.quantize_experts(params, fmt)
     dense = moe_pallas.dequantize_experts(qparams)
-    run = lambda x, wts, p, impl=implementation: moe_pallas.moe_experts(
+    run = lambda x, idx, wts, p, impl=implementation: moe_pallas.moe_experts(
         x, idx, wts, p, activation=activation, implementation=impl
     )
+
+    # Each computation below one jit (eagerly, every op compiled on its own).
+    @jax.jit
+    def primal_and_dense(x, idx, wts, qparams, dense):  # the primal (GLU in the gmm epilogue)
+        return run(x, idx, wts, qparams), run(x, idx, wts, dense, "xla")
+
+    @jax.jit
+    def under_grad(x, idx, wts, qparams, dense):
+        """The forward under differentiation (h kept), the gradients of x and wts for cotangent
+        out on qparams and on the dense weights (xla), and the dense forward."""
+        out, vjp = jax.vjp(lambda x, wts: run(x, idx, wts, qparams), x, wts)
+        dense_out, dense_vjp = jax.vjp(lambda x, wts: run(x, idx, wts, dense, "xla"), x, wts)
+        return out, dense_out, vjp(out), dense_vjp(out)
+
+    reference = jax.jit(moe_experts_reference, static_argnames=("activation", "dtype"))
     for num_tokens in token_counts:
         x = jnp.asarray(rng.standard_normal((num_tokens, hidden)), jnp.bfloat16)
         idx, wts = random_routing(rng, num_tokens, num_experts - 1, 2)  # expert 4 gets no rows
-        if num_tokens == 1:  # the primal (GLU in the gmm epilogue)
-            out = run(x, wts, qparams)
-        else:  # the forward under differentiation (h kept), and the gradients of x and wts
-            out, vjp = jax.vjp(lambda x, wts: run(x, wts, qparams), x, wts)
-            _, dense_vjp = jax.vjp(lambda x, wts: run(x, wts, dense, "xla"), x, wts)
-            for g, w in zip(vjp(out), dense_vjp(out)):
+        if num_tokens == 1:
+            out, dense_out = primal_and_dense(x, idx, wts, qparams, dense)
+        else:
+            out, dense_out, grads, dense_grads = under_grad(x, idx, wts, qparams, dense)
+            for g, w in zip(grads, dense_grads):
                 assert rel_err(g, w) < 3e-2
         with jax.enable_x64(True):
-            want = moe_experts_reference(
+            want = reference(
                 x,
                 idx,
                 wts,
@@ -512,8 +526,8 @@ def test_moe_experts_quantised(fmt, activation, implementation, token_counts):
                 dtype=jnp.float64,
             )
         assert out.dtype == jnp.bfloat16 and rel_err(out, want) < BF16_BOUND
-        assert rel_err(out, run(x, wts, dense, "xla")) < BF16_BOUND
-    loss = lambda p: jnp.sum(run(x, wts, p).astype(jnp.float32) ** 2)
+        assert rel_err(out, dense_out) < BF16_BOUND
+    loss = lambda p: jnp.sum(run(x, idx, wts, p).astype(jnp.float32) ** 2)
     if (
         fmt != "mxfp4" and implementation == "xla"
     ):  # (jax.grad refuses mxfp4's integer leaves itself)
@@ -593,8 +607,8 @@ def test_transposed_products_on_the_stored_weights(fmt, bound):
         lambda x: jnp.sum(moe_pallas.ragged_dot(x, qw, dot_sizes, implementation="pallas_triton"))
     )
     assert f"gmm_t_{fmt}" in str(jax.make_jaxpr(dx_fn)(x))
-    dx_want = jax.grad(lambda x: jnp.sum(jax.lax.ragged_dot(x, qw.dequantize(), dot_sizes)))(x)
-    assert rel_err(dx_fn(x), dx_want) < 1e-2
+    dx_want = jax.grad(lambda x: jnp.sum(jax.lax.ragged_dot(x, qw.dequantize(), dot_sizes)))
+    assert rel_err(jax.jit(dx_fn)(x), jax.jit(dx_want)(x)) < 1e-2
 
     from moe_pallas.kernels.gmm_quant_t import supports
 
