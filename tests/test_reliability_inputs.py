@@ -57,14 +57,14 @@ def test_ops_and_grads_under_x64_with_float32_operands(x64, impl):
     # float32 dots run in TF32 on a GPU's tensor cores (unit roundoff 2^-11); exact on CPU.
     tol = 5e-3 if jax.default_backend() == "gpu" and impl != "xla" else 1e-5
     dot = lambda a, b: ragged_dot(a, b, sizes, implementation=impl)
-    assert dot(lhs, rhs).dtype == F32
-    assert rel_err(dot(lhs, rhs), want_dot) < tol
-    got_tgmm = tgmm(lhs, rows, sizes, implementation=impl)
+    got_dot = jax.jit(dot)(lhs, rhs)
+    assert got_dot.dtype == F32 and rel_err(got_dot, want_dot) < tol
+    got_tgmm = jax.jit(lambda a, r: tgmm(a, r, sizes, implementation=impl))(lhs, rows)
     assert got_tgmm.dtype == F32 and rel_err(got_tgmm, want_tgmm) < tol
-    d_lhs, d_rhs = jax.grad(lambda a, b: jnp.sum(dot(a, b) * rows), (0, 1))(lhs, rhs)
+    d_lhs, d_rhs = jax.jit(jax.grad(lambda a, b: jnp.sum(dot(a, b) * rows), (0, 1)))(lhs, rhs)
     assert rel_err(d_rhs, want_tgmm) < tol
-    d_lhs_t, d_rows = jax.grad(
-        lambda a, r: jnp.sum(tgmm(a, r, sizes, implementation=impl) * rhs), (0, 1)
+    d_lhs_t, d_rows = jax.jit(
+        jax.grad(lambda a, r: jnp.sum(tgmm(a, r, sizes, implementation=impl) * rhs), (0, 1))
     )(lhs, rows)
     assert d_lhs.shape == d_lhs_t.shape == lhs.shape and d_rows.shape == rows.shape
 
@@ -80,11 +80,18 @@ def test_moe_experts_under_x64_with_float32_inputs(x64, impl, activation):
     cot = jnp.asarray(rng.standard_normal((tokens, hidden)), F32)
     f = lambda x, w, p: moe_experts(x, idx, w, p, activation=activation, implementation=impl)
     ref = lambda x, w, p: moe_experts_reference(x, idx, w, p, activation=activation, dtype=F64)
-    out, vjp = jax.vjp(f, x, w, params)
-    want, want_vjp = jax.vjp(ref, *jax.tree.map(lambda a: a.astype(F64), (x, w, params)))
+
+    @jax.jit(static_argnums=0)  # one program each (eagerly, every op compiled on its own)
+    def out_and_grads(fn, args, cot):
+        out, vjp = jax.vjp(fn, *args)
+        return out, vjp(cot)
+
+    out, got_grads = out_and_grads(f, (x, w, params), cot)
+    want, want_grads = out_and_grads(
+        ref, jax.tree.map(lambda a: a.astype(F64), (x, w, params)), cot.astype(F64)
+    )
     tf32 = jax.default_backend() == "gpu" and impl != "xla"  # TF32 tensor-core dots on a GPU
     assert out.dtype == F32 and rel_err(out, want) < (5e-3 if tf32 else 1e-4)
-    got_grads, want_grads = vjp(cot), want_vjp(cot.astype(F64))
     for got, want in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
         assert got.dtype == F32 and rel_err(got, want) < (1e-2 if tf32 else 1e-3)
 
@@ -130,7 +137,9 @@ def test_float64_under_x64_runs_on_xla_and_is_refused_by_the_kernels(x64):
 
 MAKE_MESH_CASE = """
 import os
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+# the device count added to the flags the test inherits (tests/conftest.py's on CPU)
+flags = os.environ.get("XLA_FLAGS", "")
+os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=2"
 os.environ["JAX_PLATFORMS"] = "cpu"  # two host devices, also on a machine with one GPU
 import jax, jax.numpy as jnp, numpy as np
 import moe_pallas
@@ -148,7 +157,8 @@ loss = lambda x, w, p: jnp.sum(moe_pallas.moe_experts(
 with jax.enable_x64(True):
     ref = lambda x, w, p: jnp.sum(moe_experts_reference(
         x, idx, w, p, activation="swiglu", dtype=jnp.float64) ** 2)
-    want = jax.grad(ref, (0, 1, 2))(*jax.tree.map(lambda a: a.astype(jnp.float64), (x, w, p)))
+    args64 = jax.tree.map(lambda a: a.astype(jnp.float64), (x, w, p))
+    want = jax.jit(jax.grad(ref, (0, 1, 2)))(*args64)  # the oracle jitted, the tested call not
     want = jax.tree.map(np.asarray, want)
 got = jax.grad(loss, (0, 1, 2))(x, w, p)  # outside jit and outside any mesh context
 errs = [np.linalg.norm(np.asarray(a, np.float64) - b) / np.linalg.norm(b)
