@@ -230,7 +230,7 @@ def test_scan_over_stacked_layers():
     h = x
     for i in range(num_layers):
         single = nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
-        y, aux = single(h, return_aux=True)
+        y, aux = forward(single, h)  # one compile for the three layers
         h = h + y
         np.testing.assert_allclose(aux_losses[i], aux["aux_loss"], rtol=1e-5)
     assert rel_err(out, h) < 1e-5
@@ -349,7 +349,8 @@ def test_expert_parallel_layer_equals_one_device():
     """4 CPU devices (a fresh process): params sharded on "expert" at creation under the mesh,
     output and gradients equal to the same layer without a mesh; so are the loss and dx with the
     experts stored as fp8 in both (`set_expert_params`)."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    flags = os.environ.get("XLA_FLAGS", "")  # tests/conftest.py's on CPU, and the device count
+    env = {**os.environ, "XLA_FLAGS": f"{flags} --xla_force_host_platform_device_count=4"}
     run = subprocess.run(
         [sys.executable, "-c", EXPERT_PARALLEL_SCRIPT],
         check=False,
@@ -416,13 +417,14 @@ def test_linen_matches_nnx(name):
     top_k = config.pop("top_k")
     module = moe_linen.MoE(H, I, E, top_k, **config)
     x = jax.random.normal(jax.random.key(11), (2, 3, H))
-    variables = module.init(jax.random.key(12), x)
+    # init and both layers jitted (eagerly, every op compiled on its own)
+    variables = jax.jit(module.init)(jax.random.key(12), x)
     assert variables["params"]["w_gate_up"].names == ("expert", None, None)
-    y, state = module.apply(variables, x, mutable=["intermediates"])
+    y, state = jax.jit(lambda v, x: module.apply(v, x, mutable=["intermediates"]))(variables, x)
     layer = MoE(H, I, E, top_k, rngs=nnx.Rngs(0), **config)
     for key, value in nn.unbox(variables["params"]).items():
         getattr(layer, key)[...] = value
-    y_nnx, aux = layer(x, return_aux=True)
+    y_nnx, aux = forward(layer, x)
     assert rel_err(y, y_nnx) < 1e-6
     np.testing.assert_array_equal(state["intermediates"]["expert_counts"][0], aux["expert_counts"])
     if name == "deepseek":
@@ -443,20 +445,23 @@ def test_linen_takes_quantised_expert_weights(fmt):
     hidden = inter = 64  # mxfp4 needs K % 64 == 0
     module = moe_linen.MoE(hidden, inter, E, 2, activation="gptoss", expert_bias=True)
     x = jax.random.normal(jax.random.key(21), (5, hidden), jnp.bfloat16)
-    params = nn.unbox(module.init(jax.random.key(22), x)["params"])
+    # init, the applies and dx jitted (eagerly, every op compiled on its own)
+    params = nn.unbox(jax.jit(module.init)(jax.random.key(22), x)["params"])
     names = ("w_gate_up", "w_down")
     stored = moe_pallas.quantize_experts({n: params[n] for n in names}, fmt)
-    y = module.apply({"params": {**params, **stored}}, x)
+    apply = jax.jit(module.apply)
+    y = apply({"params": {**params, **stored}}, x)
     dense = moe_pallas.dequantize_experts(stored, jnp.float32)
-    assert rel_err(y, module.apply({"params": {**params, **dense}}, x)) < 1e-2
+    assert rel_err(y, apply({"params": {**params, **dense}}, x)) < 1e-2
     layer = MoE(hidden, inter, E, 2, activation="gptoss", expert_bias=True, rngs=nnx.Rngs(0))
     for key, value in params.items():
         getattr(layer, key)[...] = value
     moe_pallas.set_expert_params(
         layer, {**stored, "b_gate_up": params["b_gate_up"], "b_down": params["b_down"]}
     )
-    assert rel_err(y, layer(x)) < 1e-6
-    dx = jax.grad(lambda x: jnp.sum(module.apply({"params": {**params, **stored}}, x) ** 2))(x)
+    assert rel_err(y, nnx.jit(lambda layer, x: layer(x))(layer, x)) < 1e-6
+    loss = lambda x: jnp.sum(module.apply({"params": {**params, **stored}}, x) ** 2)
+    dx = jax.jit(jax.grad(loss))(x)
     assert dx.shape == x.shape and bool(jnp.all(jnp.isfinite(dx)))
     wrong = moe_pallas.quantize_experts({"w_down": params["w_down"][:, :, :32]}, fmt)
     with pytest.raises(ValueError, match=r'params\["w_down"\] is a quantised weight'):
