@@ -14,7 +14,8 @@ The table holds, per device name (`jax.Device.device_kind`, e.g. "NVIDIA H200"),
   N counts output columns), "gmm_t" (rhs transposed), "tgmm"; "gmm_a8", "gmm_glu_a8": the
   forward's two with FP8 activations (`quant.QuantizedWeight.fp8_activations`: e4m3 x e4m3 on the
   FP8 tensor cores, whose tiles hold other registers than the decoding ones), a call without
-  such an entry taking its format's "gmm" / "gmm_glu" one.
+  such an entry taking its format's "gmm" / "gmm_glu" one; "gmm_a8_f32": "gmm_a8" with a float32
+  output (FP8 training's g), "mosaic_gpu" entries only.
 - dtype: the operands' dtype name (a quantised weight's stored element type: "float8_e4m3fn",
   "float4_e2m1fn"), a list of names, or "*"; k, n: an int or "*".
 - rows: the rows-per-group class of `rows_class`.
@@ -40,7 +41,7 @@ from moe_pallas.kernels import _common
 TABLE_PATH = pathlib.Path(__file__).with_name("tuning.json")
 ROWS_CLASSES = ("tiny", "small", "large")
 KERNELS = ("gmm", "gmm_glu", "gmm_t", "tgmm")
-A8_KERNELS = ("gmm_a8", "gmm_glu_a8")  # (module docstring) FP8-activation tiles of their own
+A8_KERNELS = ("gmm_a8", "gmm_glu_a8", "gmm_a8_f32")  # (module docstring) FP8-activation tiles
 
 
 def rows_class(num_rows: int, num_groups: int) -> str:

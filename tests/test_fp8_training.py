@@ -372,25 +372,32 @@ def test_fp8_training_on_mosaic_gpu():
 
 
 @pytest.mark.parametrize(
-    "activation,policy,mosaic,fp8_triton",
+    "activation,policy,device,tokens,mosaic,fp8_triton",
     [
         # down has a table entry; gate_up (a plain gmm under jax.grad, h kept) and dx have values
         # past Triton's int32 offsets (`backends.fp8_past_triton_offsets`); g's float32 output
         # stays on Triton
-        ("swiglu", "auto", 3, 1),
+        ("swiglu", "auto", "NVIDIA H200", 2048, 3, 1),
         # down has an entry; gate_up, g and dx on Triton (no entry, values within offsets)
-        ("gptoss", "auto", 1, 3),
+        ("gptoss", "auto", "NVIDIA H200", 2048, 1, 3),
         # the four FP8 products and the two bf16 weight gradients on Mosaic GPU, g's float32
         # tile within the H200's shared memory
-        ("swiglu", "mosaic_gpu", 6, 0),
-        ("gptoss", "mosaic_gpu", 6, 0),
+        ("swiglu", "mosaic_gpu", "NVIDIA H200", 2048, 6, 0),
+        ("gptoss", "mosaic_gpu", "NVIDIA H200", 2048, 6, 0),
+        # the H100 at 256 rows per expert: down, g ("gmm_a8_f32") and dx have entries, gate_up
+        # stays on Triton
+        ("gptoss", "auto", "NVIDIA H100 80GB HBM3", 8192, 3, 1),
     ],
 )
-def test_fp8_training_step_lowers_to_mosaic_gpu(activation, policy, mosaic, fp8_triton):
-    """The train step with fp8_training at full size, T = 2048, lowers for the H200 under "auto"
-    (the H200's table) and "mosaic_gpu": Mosaic GPU checks each kernel's shared memory while
-    lowering, so a config past the H200's 227 KiB fails here; the FP8 products each backend
-    takes, counted."""
+def test_fp8_training_step_lowers_to_mosaic_gpu(
+    activation, policy, device, tokens, mosaic, fp8_triton
+):
+    """The train step with fp8_training at full size lowers for the H200 (and the H100) under
+    "auto" (the device's table) and "mosaic_gpu": Mosaic GPU checks each kernel's shared memory
+    while lowering, so a config past the 227 KiB fails here; the FP8 products each backend takes,
+    counted."""
+    from jax.sharding import AbstractDevice, AbstractMesh
+
     from moe_pallas import fused
     from tests.test_lowering import _layer_args
 
@@ -398,6 +405,10 @@ def test_fp8_training_step_lowers_to_mosaic_gpu(activation, policy, mosaic, fp8_
         out = fused.expert_block(x, idx, wts, params, activation, policy, True)
         return jnp.sum(out.astype(jnp.float32))
 
-    text = lower_for_h200(jax.grad(loss, argnums=(0, 2, 3)), *_layer_args(activation, 2048))
+    step = jax.jit(jax.grad(loss, argnums=(0, 2, 3)))
+    mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device, 132, "gpu"))
+    with jax.sharding.use_abstract_mesh(mesh):
+        lowered = step.trace(*_layer_args(activation, tokens)).lower(lowering_platforms=("cuda",))
+    text = lowered.as_text()
     assert text.count("mosaic_gpu_v2") == mosaic
     assert text.count('name = "gmm_fp8_block"') == fp8_triton

@@ -176,7 +176,8 @@ def test_auto_takes_fp8_activation_products_where_the_table_has_an_entry(monkeyp
     "gmm_a8" / "gmm_glu_a8" entries keyed by the stored float8_e4m3fn; decode sizes, shapes
     without an entry (unless Triton would multiply them in float16: values past int32 offsets),
     gpt-oss's GLU on fp8_block weights and weights-only fp8 products stay on Triton. On the H100
-    gpt-oss's products have entries in the large class only."""
+    gpt-oss's products have entries in the large class only, FP8 training's backward ones (g's
+    float32 output, "gmm_a8_f32", and dx) too."""
     as_if_h200(monkeypatch)
 
     def problem(kernel, rows=65536, a8=True, k=4096, n=2048):
@@ -207,6 +208,8 @@ def test_auto_takes_fp8_activation_products_where_the_table_has_an_entry(monkeyp
     assert select(big) == "mosaic_gpu"
     assert select(big._replace(num_rows=2048)) == "pallas_triton"
     assert select(big._replace(out_dtype=jnp.dtype(jnp.float32))) == "pallas_triton"
+    # a float32 output has entries of its own ("gmm_a8_f32"), none on the H200
+    assert select(gptoss("gmm")._replace(out_dtype=jnp.dtype(jnp.float32))) == "pallas_triton"
     assert select(big._replace(weight_elements=256 * 2048 * 4096)) == "pallas_triton"
     assert select(big._replace(fp8_activations=False)) == "pallas_triton"
     # the H100's table holds what was measured there: gpt-oss's in the large class only
@@ -214,6 +217,25 @@ def test_auto_takes_fp8_activation_products_where_the_table_has_an_entry(monkeyp
     assert select(problem("gmm_glu")) == select(problem("gmm", k=2048, n=4096)) == "mosaic_gpu"
     assert select(gptoss("gmm_glu")) == select(gptoss("gmm")) == "mosaic_gpu"
     assert select(gptoss("gmm_glu", rows=32768)) == "pallas_triton"  # 128 rows per expert
+    g = gptoss("gmm")._replace(out_dtype=jnp.dtype(jnp.float32))  # dout[row_token] @ q(w_down)ᵀ
+    dx = gptoss("gmm")._replace(k=5760)  # dh @ q(w_gate_up)ᵀ
+    assert select(g) == select(dx) == "mosaic_gpu"
+    assert (
+        select(g._replace(num_rows=32768)) == select(dx._replace(num_rows=32768)) == "pallas_triton"
+    )
+    # g runs with its own entry's config, not the forward's down projection's (the same K and N)
+    w_t = jax.eval_shape(quant.fp8_training_weight, SDS((128, 2880, 2880), jnp.bfloat16))
+    lhs = SDS((65536, 2880), jnp.bfloat16)
+    configs = [
+        mosaic_backend.config(lhs, w_t, False, None, 65536, out)
+        for out in (jnp.float32, jnp.bfloat16)
+    ]
+    kernels = ("gmm_a8_f32", "gmm_a8")
+    entries = [
+        tuning.lookup("mosaic_gpu", name, dtype=w_t.values.dtype, k=2880, n=2880, rows="large")
+        for name in kernels
+    ]
+    assert configs == [MosaicConfig(**entry) for entry in entries] and configs[0] != configs[1]
     as_if_h200(monkeypatch)
     # the backend runs the kernel with the entry's config, else the kernel's default
     dense = SDS((256, 4096, 4096), jnp.bfloat16)

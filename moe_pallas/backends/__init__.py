@@ -30,7 +30,7 @@ Quantised weights (`moe_pallas.quant`): a gmm whose rhs is a `QuantizedWeight` c
 (`kernels.gmm_quant`, the weights converted on chip); "mosaic_gpu" takes the FP8-activation
 products its FP8 x FP8 kernel tiles (`kernels.gmm_fp8_mgpu`: K, N and the stored rows multiples
 of 64, plain or either GLU; fp8_block's GLU halves whole scale blocks), "auto" gives them to it
-where the device's table has a "gmm_a8" / "gmm_glu_a8" entry for "mosaic_gpu" and, with its
+where the device's table has an entry for "mosaic_gpu" (`a8_kernel_name`) and, with its
 default config, where Triton would multiply them in float16 (`fp8_past_triton_offsets`); every
 other quantised call runs on "pallas_triton" on a GPU; "xla" (and so "auto" off GPU)
 materialises the dense weight per call.
@@ -172,20 +172,29 @@ def fp8_past_triton_offsets(problem: Problem) -> bool:
     """An FP8-activation product above decode sizes whose stored values pass int32 offsets: Triton
     reads those as byte pairs and multiplies in float16 (`kernels.gmm_quant`, Offsets), where
     Mosaic GPU's FP8 kernel addresses them by TMA and multiplies e4m3 on the FP8 tensor cores
-    (FP8 training's dx on SwiGLU-256's wᵀ, [256, 4096, 4096])."""
+    (FP8 training's dx on SwiGLU-256's wᵀ, [256, 4096, 4096]). A 16-bit output: a float32 one
+    (FP8 training's g) goes to Mosaic GPU only where the table has its "gmm_a8_f32" entry."""
     return (
         problem.fp8_activations
         and problem.weight_elements >= gmm_quant.PAIRED_MIN_ELEMENTS
         and problem.rows != "tiny"
+        and jnp.dtype(problem.out_dtype).itemsize == 2
     )
 
 
 def table_key(problem: Problem) -> tuple[str, jnp.dtype]:
     """(kernel, dtype) of the problem's tuning-table entries: an FP8-activation product's are its
-    own ("gmm_a8", "gmm_glu_a8", keyed by the stored float8_e4m3fn)."""
+    own (`a8_kernel_name`, keyed by the stored float8_e4m3fn)."""
     if problem.fp8_activations:
-        return f"{problem.kernel}_a8", jnp.dtype(problem.dtypes[1])
+        return a8_kernel_name(problem.kernel, problem.out_dtype), jnp.dtype(problem.dtypes[1])
     return problem.kernel, jnp.dtype(problem.dtype or problem.dtypes[0])
+
+
+def a8_kernel_name(kernel: str, out_dtype) -> str:
+    """An FP8-activation product's table name: "gmm_a8" / "gmm_glu_a8", and "gmm_a8_f32" for a
+    float32 output (FP8 training's g, `moe_pallas.fused`), whose store buffer is twice a 16-bit
+    output's, so its configs are measured apart."""
+    return f"{kernel}_a8" + ("_f32" if jnp.dtype(out_dtype).itemsize == 4 else "")
 
 
 def gmm(

@@ -11,9 +11,9 @@ Shapes: N and K multiples of 16 (gmm), K of 64 (tgmm); calls of other shapes run
 
 Config of a gmm: the tuning table's "mosaic_gpu" entry for the shape if there is one (the shapes
 where "auto" runs this backend), else `default_config`. "auto" gives it only plain gmm calls (no
-row gather, 16-bit output) and FP8-activation calls with a 16-bit output: its table entries were
-measured on those, and a float32 output doubles the tile's store buffer past the H200's shared
-memory at the entries' 4 stages (FP8 training's float32 g, `moe_pallas.fused`, runs on Triton).
+row gather, 16-bit output) and FP8-activation calls (row gather and a float32 output included:
+FP8 training's g, `moe_pallas.fused`, whose entries are "gmm_a8_f32"), as its table entries were
+measured on those.
 """
 
 import dataclasses
@@ -61,11 +61,9 @@ def supports(problem: backends.Problem) -> bool:
 
 
 def auto_supports(problem: backends.Problem) -> bool:
-    if jnp.dtype(problem.out_dtype).itemsize != 2:  # (module docstring: the store buffer)
-        return False
     if problem.fp8_activations:  # its table entries were measured on the layer's calls
         return supports(problem)
-    return supports(problem) and not problem.gather
+    return supports(problem) and not problem.gather and jnp.dtype(problem.out_dtype).itemsize == 2
 
 
 def default_config(
@@ -86,9 +84,9 @@ def default_config(
     return dataclasses.replace(cfg, block_m=64, block_n=block_n, num_stages=stages)
 
 
-def config(lhs, rhs, transpose_rhs, activation, num_rows) -> MosaicConfig:
-    """The table's entry for the call (an FP8-activation weight's "gmm_a8" / "gmm_glu_a8", keyed
-    by its stored dtype), else the kernel's default."""
+def config(lhs, rhs, transpose_rhs, activation, num_rows, out_dtype=None) -> MosaicConfig:
+    """The table's entry for the call (an FP8-activation weight's `backends.a8_kernel_name`,
+    keyed by its stored dtype), else the kernel's default."""
     num_groups = rhs.shape[0]
     n_dim = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     n_out = n_dim // 2 if activation else n_dim
@@ -96,7 +94,7 @@ def config(lhs, rhs, transpose_rhs, activation, num_rows) -> MosaicConfig:
     fp8 = quant.is_quantized(rhs)
     entry = tuning.lookup(
         "mosaic_gpu",
-        f"{kernel}_a8" if fp8 else kernel,
+        backends.a8_kernel_name(kernel, out_dtype or lhs.dtype) if fp8 else kernel,
         dtype=rhs.values.dtype if fp8 else lhs.dtype,
         k=lhs.shape[1],
         n=n_out,
@@ -119,11 +117,11 @@ def gmm_fp8(lhs, rhs, group_sizes, *, lhs_row_index=None, activation=None, **epi
             lhs, rhs, group_sizes, lhs_row_index=lhs_row_index, activation=activation, **epilogue
         )
     num_rows = lhs.shape[0] if lhs_row_index is None else lhs_row_index.shape[0]
-    cfg = config(lhs, rhs, False, activation, num_rows)
+    out_dtype = epilogue.pop("out_dtype", None) or lhs.dtype
+    cfg = config(lhs, rhs, False, activation, num_rows, out_dtype)
     x, x_scales = quant.quantize_rows(lhs)
     if lhs_row_index is not None:
         x, x_scales = x[lhs_row_index], x_scales[lhs_row_index]
-    out_dtype = epilogue.pop("out_dtype", None) or lhs.dtype
     return _gmm_fp8.gmm_fp8(
         x,
         x_scales,
