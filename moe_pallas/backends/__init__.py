@@ -192,8 +192,9 @@ def table_key(problem: Problem) -> tuple[str, jnp.dtype]:
 
 def a8_kernel_name(kernel: str, out_dtype) -> str:
     """An FP8-activation product's table name: "gmm_a8" / "gmm_glu_a8", and "gmm_a8_f32" for a
-    float32 output (FP8 training's g, `moe_pallas.fused`), whose store buffer is twice a 16-bit
-    output's, so its configs are measured apart."""
+    float32 output (FP8 training's g, `moe_pallas.fused`), whose Mosaic GPU store buffer is twice
+    a 16-bit output's, so that backend's configs for it are measured apart (Triton's configs for
+    FP8-activation calls stay "gmm_a8" / "gmm_glu_a8": `backends.pallas_triton`)."""
     return f"{kernel}_a8" + ("_f32" if jnp.dtype(out_dtype).itemsize == 4 else "")
 
 
