@@ -29,9 +29,16 @@ def case(rng, T=9, H=16, I=8, E=5, k=2, biases=True, dtype=np.float32, skew=None
 def test_xla_matches_reference(activation, shape):
     rng = np.random.default_rng()
     x, idx, w, params = case(rng, **shape)
-    got = moe_experts(x, idx, w, params, activation=activation, implementation="xla")
+    # jitted (eagerly, every op compiled on its own; test_out_of_range_ids_contribute_zero and
+    # test_bf16_within_bound_and_empty_and_hot_experts call moe_experts eagerly)
+    ours = lambda x, idx, w, p: moe_experts(
+        x, idx, w, p, activation=activation, implementation="xla"
+    )
+    got = jax.jit(ours)(x, idx, w, params)
     with jax.enable_x64(True):
-        want = moe_experts_reference(x, idx, w, params, activation=activation, dtype=jnp.float64)
+        want = jax.jit(moe_experts_reference, static_argnames=("activation", "dtype"))(
+            x, idx, w, params, activation=activation, dtype=jnp.float64
+        )
     assert got.dtype == jnp.float32 and got.shape == x.shape
     assert rel_err(got, want) < 1e-5
 
@@ -80,6 +87,7 @@ def test_debug_checks_raise_on_bad_routing():
 def test_gradients_match_reference():
     rng = np.random.default_rng()
     x, idx, w, params = case(rng, T=7, E=4, k=2)
+    idx = jnp.asarray(idx)  # (the oracle indexes with it: a jax array under jit)
     cot = rng.standard_normal(x.shape).astype(np.float32)
 
     def loss(fn, x, w, params):
@@ -89,9 +97,9 @@ def test_gradients_match_reference():
     ref = lambda x, i, w, p: moe_experts_reference(
         x, i, w, p, activation="gptoss", dtype=jnp.float64
     )
-    got = jax.grad(lambda *a: loss(ours, *a), argnums=(0, 1, 2))(x, w, params)
+    got = jax.jit(jax.grad(lambda *a: loss(ours, *a), argnums=(0, 1, 2)))(x, w, params)
     with jax.enable_x64(True):
-        want = jax.grad(lambda *a: loss(ref, *a), argnums=(0, 1, 2))(x, w, params)
+        want = jax.jit(jax.grad(lambda *a: loss(ref, *a), argnums=(0, 1, 2)))(x, w, params)
     for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         assert rel_err(g, r) < 1e-5
 

@@ -82,7 +82,7 @@ def test_tgmm_forward_and_grads(impl):
 
     def grads(impl):
         f = lambda lhs, rhs: jnp.sum(moe_pallas.tgmm(lhs, rhs, sizes, implementation=impl) * d_out)
-        return jax.grad(f, argnums=(0, 1))(lhs, rhs)
+        return jax.jit(jax.grad(f, argnums=(0, 1)))(lhs, rhs)
 
     for got, want in zip(grads(impl), grads("xla")):
         assert rel_err(got, np.asarray(want, np.float64)) < _tol(jnp.float32)
