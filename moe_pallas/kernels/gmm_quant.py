@@ -89,12 +89,15 @@ registers hold 4 bytes of K (bytes swapped in as A took one LDS.U16 a pair). Off
 the K loop, instructions a thread, weights first / x first: fp8 64 x 128 x 64 142 / 149 (no STS of
 the decoded tile), 128 x 128 x 64 at 8 warps 111 / 119; fp8_block 64 x 128 x 64 195 / 205;
 mxfp4 64 x 128 x 64 259 / 290 (BAR.SYNC 5 / 12, STS.128 0 / 8), 128 x 128 x 64 at 8 warps
-182 / 204. Paths shorter than 64 rows stay x first (a 16-row mxfp4 tile swapped: 329 against
+182 / 204. "fp8"'s tiles stay x first: swapped, its byte pairs converted by inline PTX straight
+into the asynchronous wgmma's register operand, they gave NaN or wrong outputs in some calls on
+an H100 (64 rows per expert at [128, 2880, 5760] and [64, 4096, 4096], where x first and fp8_block
+and mxfp4 swapped stayed within bf16 rounding in every call; `tests/test_quant.py`). Paths shorter
+than 64 rows stay x first (a 16-row mxfp4 tile swapped: 329 against
 289, its barriers kept), as do weight blocks narrower than 16 rows a warp (wgmma's A: fp8 128 x
 64 x 64 at 8 warps swapped 191 against 104). The H200's tuning table sets it on every quantised
-small- and large-class entry: the layer at 64 rows per expert ran 6-18% faster with it (fp8,
-fp8_block and mxfp4, both workloads), and at 256-512 rows up to 21% (within 1% where it gained
-nothing: SwiGLU-256's fp8 at 256 rows).
+small- and large-class entry: the layer at 64 rows per expert ran 6-18% faster with it
+(fp8_block and mxfp4, both workloads), and at 256-512 rows up to 21%.
 Values are stored N-major ([E, N, P], P >= K: rows padded to `quant.row_pitch`, whose padding no
 load reaches, K being the masks' bound; mxfp4 [E, N, K/2]; `moe_pallas.quant`): a tile is
 [block_n, K depth] bytes with K contiguous, fed to the dot as its transposed second operand, so
@@ -755,6 +758,7 @@ def gmm_quant(
         and cfg.block_m >= WEIGHTS_FIRST_MIN_ROWS
         and block_width >= 16 * cfg.num_warps
         and (fmt == "mxfp4" or k_dim % 4 == 0)
+        and fmt != "fp8"  # (Tiling) its swapped tiles raced on the GPU
     )
     pairs_pay = (cfg.block_m <= PAIRED_MAX_ROWS and k_dim % 4 == 0) or weights_first
     paired = fmt != "mxfp4" and (offsets or pairs_pay)
