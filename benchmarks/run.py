@@ -234,6 +234,9 @@ def run_case(
             )
             if _impls.weight_format(name) is not None:
                 row["pct_sol"] = None  # bf16 bytes' SOL; the message gives the stored bytes' floor
+            if rel_err is not None and not math.isfinite(rel_err):
+                # a timed output holding NaN or inf is a failure, whatever its speed
+                row.update(status="error", message=f"output not finite against {reference_name}")
         except _impls.Skip as err:
             row.update(status="oom" if "(oom)" in str(err) else "skipped", message=str(err))
         except NotImplementedError as err:

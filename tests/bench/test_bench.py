@@ -919,6 +919,24 @@ def test_torch_cache_goes_back_after_every_row(monkeypatch):
     assert len(emptied) == 2
 
 
+def test_a_non_finite_output_fails_its_row(monkeypatch):
+    """A timed output holding a NaN, where the reference row's is finite, is an error row with
+    the reason, not "ok" with a NaN error beside its time."""
+    import dataclasses as dc
+
+    def poisoned(case, inputs):
+        prep = impls.IMPLS["jax.lax.ragged_dot"](case, inputs)
+        return dc.replace(prep, call=lambda: prep.call().at[0].set(jnp.nan))
+
+    monkeypatch.setitem(impls.IMPLS, "poisoned", poisoned)
+    case = cases.suite_cases("decode", small=True)[0]
+    params = cases.make_params(case.workload)
+    rows = run.run_case(case, ["jax.lax.ragged_dot", "poisoned"], params, H200, 0.01)
+    assert [r["status"] for r in rows] == ["ok", "error"]
+    assert rows[1]["message"] == "output not finite against jax.lax.ragged_dot"
+    assert rows[1]["time_ms"] > 0
+
+
 def test_line_takes_xla_alone_where_torch_bmm_runs_out_of_memory(monkeypatch):
     """The cuBLAS line gives way to XLA's dot where torch.bmm's outputs do not fit in torch's
     share of the card, and says so; torch's cache goes back first."""
