@@ -34,6 +34,7 @@ def load(results: Path) -> dict:
             "first (docs/benchmarks.md)."
         )
     data = json.loads(path.read_text())
+    data["rows"] = [run.fail_non_finite(row) for row in data["rows"]]
     data["summary"] = run.summarize(data["rows"])
     return data
 

@@ -161,6 +161,16 @@ def _rel_err(out, ref, slice_bytes: int = 256 * 2**20) -> float | None:
     return math.sqrt(diff) / max(math.sqrt(norm), 1e-30)
 
 
+def fail_non_finite(row: dict) -> dict:
+    """A row timed "ok" whose output held NaN or inf (a non-finite error against its reference
+    row) becomes an error with that reason: its time is not that of a correct result. Applied as
+    rows are written and to stored runs as they are read (`benchmarks.readme`)."""
+    err = row.get("rel_err")
+    if row.get("status") == "ok" and err is not None and not math.isfinite(err):
+        row.update(status="error", message=f"output not finite against {row['rel_err_vs']}")
+    return row
+
+
 def prepare_ahead(case, impl_names, inputs, workers: int, skip=None) -> dict:
     """{impl: Prepared, or the exception its prepare raised} for the implementations of
     `impls.COMPILE_AHEAD`, prepared in `workers` threads at once before anything of the case is
@@ -234,9 +244,7 @@ def run_case(
             )
             if _impls.weight_format(name) is not None:
                 row["pct_sol"] = None  # bf16 bytes' SOL; the message gives the stored bytes' floor
-            if rel_err is not None and not math.isfinite(rel_err):
-                # a timed output holding NaN or inf is a failure, whatever its speed
-                row.update(status="error", message=f"output not finite against {reference_name}")
+            fail_non_finite(row)
         except _impls.Skip as err:
             row.update(status="oom" if "(oom)" in str(err) else "skipped", message=str(err))
         except NotImplementedError as err:

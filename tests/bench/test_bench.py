@@ -921,7 +921,7 @@ def test_torch_cache_goes_back_after_every_row(monkeypatch):
 
 def test_a_non_finite_output_fails_its_row(monkeypatch):
     """A timed output holding a NaN, where the reference row's is finite, is an error row with
-    the reason, not "ok" with a NaN error beside its time."""
+    the reason, not "ok" with a NaN error beside its time; so is such a row of a stored run."""
     import dataclasses as dc
 
     def poisoned(case, inputs):
@@ -935,6 +935,9 @@ def test_a_non_finite_output_fails_its_row(monkeypatch):
     assert [r["status"] for r in rows] == ["ok", "error"]
     assert rows[1]["message"] == "output not finite against jax.lax.ragged_dot"
     assert rows[1]["time_ms"] > 0
+    # a stored run's row, as benchmarks.readme reads it
+    stored = {"status": "ok", "rel_err": float("nan"), "rel_err_vs": "tokamax"}
+    assert run.fail_non_finite(stored)["status"] == "error"
 
 
 def test_line_takes_xla_alone_where_torch_bmm_runs_out_of_memory(monkeypatch):
