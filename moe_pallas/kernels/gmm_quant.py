@@ -76,28 +76,25 @@ a row's largest.
 Tiling. As `kernels.gmm`: a 1-D grid of (visit, n-tile) pairs over `dispatch.tile_schedule`'s
 visits, the in-kernel row gather, one compiled path per tile height (`BlockConfig.m_paths`), K
 and N tails masked. No `tail_m` second dot and no transposed weights: the backward's products
-with wᵀ are `kernels.gmm_quant_t`'s. With `BlockConfig.weights_first`, paths of
+with wᵀ are `kernels.gmm_quant_t`'s. With `BlockConfig.weights_first`, mxfp4's paths of
 WEIGHTS_FIRST_MIN_ROWS rows or more compute accᵀ[n, m] = Σ_k w[k, n] x[m, k] and transpose
 the accumulator once before the epilogue: the decoded weights are then wgmma's A operand, which
 Triton keeps in registers (the decode, scale factors included, runs in the operand's layout),
 and x its B operand from the pipelined shared-memory buffers, so the wgmma runs asynchronously
 across the next step's decode; as acc = x · w the decoded tile is stored to shared memory
 for wgmma's B operand each step (STS, fences, barriers) and each step's wgmma is waited on
-before the next decode (a B operand staged in the loop is never multi-buffered). fp8 values go
-through the byte-pair view there (K a multiple of 4; else the call stays as acc = x · w), whose
-registers hold 4 bytes of K (bytes swapped in as A took one LDS.U16 a pair). Offline SASS of
-the K loop, instructions a thread, weights first / x first: fp8 64 x 128 x 64 142 / 149 (no STS of
-the decoded tile), 128 x 128 x 64 at 8 warps 111 / 119; fp8_block 64 x 128 x 64 195 / 205;
-mxfp4 64 x 128 x 64 259 / 290 (BAR.SYNC 5 / 12, STS.128 0 / 8), 128 x 128 x 64 at 8 warps
-182 / 204. "fp8"'s tiles stay x first: swapped, its byte pairs converted by inline PTX straight
-into the asynchronous wgmma's register operand, they gave NaN or wrong outputs in some calls on
-an H100 (64 rows per expert at [128, 2880, 5760] and [64, 4096, 4096], where x first and fp8_block
-and mxfp4 swapped stayed within bf16 rounding in every call; `tests/test_quant.py`). Paths shorter
-than 64 rows stay x first (a 16-row mxfp4 tile swapped: 329 against
-289, its barriers kept), as do weight blocks narrower than 16 rows a warp (wgmma's A: fp8 128 x
-64 x 64 at 8 warps swapped 191 against 104). The H200's tuning table sets it on every quantised
-small- and large-class entry: the layer at 64 rows per expert ran 6-18% faster with it
-(fp8_block and mxfp4, both workloads), and at 256-512 rows up to 21%.
+before the next decode (a B operand staged in the loop is never multi-buffered). Offline SASS of
+the K loop, instructions a thread, weights first / x first: mxfp4 64 x 128 x 64 259 / 290
+(BAR.SYNC 5 / 12, STS.128 0 / 8), 128 x 128 x 64 at 8 warps 182 / 204. fp8 values' tiles stay x
+first: swapped (byte pairs converted by inline PTX into the asynchronous wgmma's register
+operand), "fp8" gave NaN or wrong outputs in some calls on an H100 at 64 rows per expert
+([128, 2880, 5760], [64, 4096, 4096]) and "fp8_block" outputs that differed between calls
+(gpt-oss's layer at T = 2048), where x first was bitwise repeatable and within bf16 rounding
+(`tests/test_quant.py` repeats these products on the GPU). Paths shorter than 64 rows stay x
+first (a 16-row mxfp4 tile swapped: 329 against 289, its barriers kept), as do weight blocks
+narrower than 16 rows a warp (wgmma's A). The H200's tuning table sets it on mxfp4's small- and
+large-class entries: the layer at 64 rows per expert ran 6-18% faster with it, and at 256-512
+rows up to 21%.
 Values are stored N-major ([E, N, P], P >= K: rows padded to `quant.row_pitch`, whose padding no
 load reaches, K being the masks' bound; mxfp4 [E, N, K/2]; `moe_pallas.quant`): a tile is
 [block_n, K depth] bytes with K contiguous, fed to the dot as its transposed second operand, so
@@ -563,8 +560,7 @@ def _kernel(
                     block_scales = block_scale_row(k0, c0, width, valid)
                     if h < FOLD_MIN_ROWS:  # the step's partial dot scaled in float32
                         d = functools.reduce(jnp.add, (dot(a_t, w_t) for a_t, w_t in terms))
-                        s_cols = block_scales[:, None] if swapped else block_scales[None, :]
-                        new[c] = new[c] + d * s_cols
+                        new[c] = new[c] + d * block_scales[None, :]
                         continue
                     # the scale folded into the weights (Math: fp8_block), dots in place
                     s_w = block_scales.astype(compute_dtype)[:, None]
@@ -757,10 +753,9 @@ def gmm_quant(
         cfg.weights_first
         and cfg.block_m >= WEIGHTS_FIRST_MIN_ROWS
         and block_width >= 16 * cfg.num_warps
-        and (fmt == "mxfp4" or k_dim % 4 == 0)
-        and fmt != "fp8"  # (Tiling) its swapped tiles raced on the GPU
+        and fmt == "mxfp4"  # (Tiling) fp8 values' swapped tiles raced on the GPU
     )
-    pairs_pay = (cfg.block_m <= PAIRED_MAX_ROWS and k_dim % 4 == 0) or weights_first
+    pairs_pay = cfg.block_m <= PAIRED_MAX_ROWS and k_dim % 4 == 0
     paired = fmt != "mxfp4" and (offsets or pairs_pay)
     if fp8_lhs:  # bytes for the fp8 dots, a K step of one scale block (the promotion interval);
         # the exact float16 values for the paired view's dots, a step of at least one scale block

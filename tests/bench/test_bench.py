@@ -553,9 +553,10 @@ def test_autotune_quantised_weights_writes_entries_of_their_element_type(tmp_pat
         autotune_gmm._candidates("gmm", "small", around_table=True, weights="fp8")
     tiny = autotune_gmm._candidates("gmm_glu", "tiny", weights="mxfp4")
     assert tiny and all(c.block_m == 16 and not c.weights_first for c in tiny)
-    small = autotune_gmm._candidates("gmm", "small", weights="fp8")
+    small = autotune_gmm._candidates("gmm", "small", weights="mxfp4")
     first = [dataclasses.replace(c, weights_first=False) for c in small if c.weights_first]
     assert first and first == [c for c in small if not c.weights_first and c.block_m >= 64]
+    assert not any(c.weights_first for c in autotune_gmm._candidates("gmm", "small", weights="fp8"))
     for kernel in ("gmm", "gmm_glu"):  # 256-row tiles for the large class only
         rows = {
             (w, cls): {c.block_m for c in autotune_gmm._candidates(kernel, cls, weights=w)}
