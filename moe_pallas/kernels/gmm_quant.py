@@ -738,16 +738,13 @@ def gmm_quant(
     if num_rows == 0 or n_out == 0:
         return jnp.zeros((num_rows, n_out), out_dtype)
     cfg = _format_tile(fmt, config or BlockConfig())
-    if fp8_lhs:  # (Math: fp8 activations) no operand swap
-        cfg = dataclasses.replace(cfg, weights_first=False)
     cfg = dataclasses.replace(cfg.fit(num_rows, k_dim, n_out), tail_m=0)
     values, scales = rhs.values, rhs.scales
     if fmt == "mxfp4":  # byte pairs and x's columns in the quarters' order (`e2m1`)
         values, lhs = byte_pairs(values), _mx_x_order(lhs)
     offsets = PAIRED_MIN_ELEMENTS <= values.size <= 2**32  # (Offsets)
-    # (Tiling) weights first where a path can take it: wgmma's A holds 16 rows a warp, so each
-    # weight block (a GLU tile's gate and up halves, or its interleaved pairs) spans the warps;
-    # fp8 then reads byte pairs, as do decode-sized tiles
+    # (Tiling) mxfp4's weights first where a path can take it: wgmma's A holds 16 rows a warp, so
+    # each weight block (a GLU tile's gate and up halves, or its interleaved pairs) spans the warps
     block_width = cfg.block_n * (2 if activation == "gptoss" else 1)
     weights_first = (
         cfg.weights_first
