@@ -185,21 +185,19 @@ class _Epilogue(NamedTuple):
                 self.row_scale_gmem.at[pl.ds(a0, bm)], self.row_scale_smem, self.row_scale_barrier
             )
 
-    def apply(self, *accs, rows_axis: int = 0):
-        """glu(acc + bias[None, :]) * row_scale[:, None] in float32 (one acc per part), or with
-        rows_axis=1 on transposed accumulators [bn, bm]; waits for `start`'s loads."""
-        cols_axis = 1 - rows_axis
+    def apply(self, *accs):
+        """glu(acc + bias[None, :]) * row_scale[:, None] in float32 (one acc per part); waits for
+        `start`'s loads."""
         if self.bias_gmem is not None:
             plgpu.barrier_wait(self.bias_barrier)
             accs = [
-                acc + jax.lax.broadcast_in_dim(self.bias_smem[p], acc.shape, (cols_axis,))
+                acc + jax.lax.broadcast_in_dim(self.bias_smem[p], acc.shape, (1,))
                 for p, acc in enumerate(accs)
             ]
         out = glu(*accs, self.activation) if self.activation else accs[0]
         if self.row_scale_gmem is not None:
             plgpu.barrier_wait(self.row_scale_barrier)
-            scale = self.row_scale_smem[...]
-            out = out * jax.lax.broadcast_in_dim(scale, out.shape, (rows_axis,))
+            out = out * jax.lax.broadcast_in_dim(self.row_scale_smem[...], out.shape, (0,))
         return out
 
 
