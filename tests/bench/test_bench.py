@@ -989,7 +989,8 @@ def test_rel_err_sums_slices_of_the_first_axis():
 
 def test_canonical_script_names_existing_suites_and_implementations():
     """benchmarks/canonical.sh (the published run's steps): without a step it prints its usage and
-    exits 2; every implementation and suite it names exists, and every trace case parses."""
+    exits 2; every implementation and suite it names exists, each forward suite's two halves of
+    tokens cover its cases once, and every trace case parses."""
     import re
 
     from benchmarks import trace
@@ -1005,6 +1006,13 @@ def test_canonical_script_names_existing_suites_and_implementations():
     assert len(names) == 13 and names <= set(impls.IMPLS)
     for suites in re.findall(r"--suite (\S+)", text):
         assert set(suites.split(",")) <= set(cases.SUITES)
+    # the two steps of each forward suite run its cases once each
+    halves = dict(re.findall(r"^(\w+_[AB])=(\S+)$", text, re.MULTILINE))
+    for suite, prefix in (("gptoss", "GPTOSS"), ("swiglu256", "SWIGLU")):
+        tokens = [int(t) for half in "AB" for t in halves[f"{prefix}_{half}"].split(",")]
+        assert sorted(tokens) == sorted(cases.SUITE_TOKENS[suite])
+        assert f'--suite {suite} --tokens "${prefix}_A"' in text
+        assert f'--suite {suite} --tokens "${prefix}_B"' in text
     for case in re.findall(r"(?:gptoss|swiglu256):(?:fwd|train):\d+", text):
         trace.parse_case(case, small=False)
 
