@@ -19,6 +19,7 @@ IMPLS=moe_pallas:auto,cublas_line,tokamax,torch._grouped_mm
 OURS_Q=moe_pallas:auto+fp8,moe_pallas:auto+fp8_block,moe_pallas:auto+mxfp4
 # FP8 activations pay where the layer is compute-bound, so only the forward suites time them.
 OURS_A8=moe_pallas:auto+fp8_a8,moe_pallas:auto+fp8_block_a8
+FORWARD="$IMPLS,$OURS_Q,$OURS_A8"
 PEERS_Q=tokamax+fp8,tokamax+fp8_block,tokamax+mxfp4
 # FP8 training (`fp8_training`): train cases only.
 OURS_TRAIN=moe_pallas:auto+fp8_training
@@ -34,10 +35,10 @@ run() {
   "$PY" -m benchmarks.run --out "$OUT" --time-limit 540 --compile-workers "${COMPILE_WORKERS:-8}" "$@"
 }
 case "${1:-}" in
-  1) run --suite gptoss --tokens "$GPTOSS_A" --impls "$IMPLS,$OURS_Q,$OURS_A8" ;;
-  2) run --suite gptoss --tokens "$GPTOSS_B" --impls "$IMPLS,$OURS_Q,$OURS_A8" --append ;;
-  3) run --suite swiglu256 --tokens "$SWIGLU_A" --impls "$IMPLS,$OURS_Q,$OURS_A8" --append ;;
-  4) run --suite swiglu256 --tokens "$SWIGLU_B" --impls "$IMPLS,$OURS_Q,$OURS_A8" --append ;;
+  1) run --suite gptoss --tokens "$GPTOSS_A" --impls "$FORWARD" ;;
+  2) run --suite gptoss --tokens "$GPTOSS_B" --impls "$FORWARD" --append ;;
+  3) run --suite swiglu256 --tokens "$SWIGLU_A" --impls "$FORWARD" --append ;;
+  4) run --suite swiglu256 --tokens "$SWIGLU_B" --impls "$FORWARD" --append ;;
   5) run --suite decode --impls "$IMPLS,$OURS_Q,$PEERS_Q" --append ;;
   6) run --suite gmm --impls "$IMPLS" --append ;;
   7) run --suite train --impls "$IMPLS,$OURS_TRAIN" --append ;;
