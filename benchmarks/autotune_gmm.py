@@ -33,8 +33,9 @@ docs/decisions.md, Low-precision weights). The large class adds 128- and 256-row
 except gmm_t's (`QUANT_T`); fp8 values' tiles stay x first (`kernels.gmm_quant`, Tiling).
 --weights fp8_a8 tunes the forward's calls with FP8 activations (fp8 weights with
 `fp8_activations`: the rows quantised per call, e4m3 x e4m3 on the FP8 tensor cores) among
-`QUANT_A8`'s tiles and writes them as "gmm_a8" / "gmm_glu_a8" entries (`tuning.A8_KERNELS`); a Triton program waits on each of its fp8 dots, so these tiles differ from
-the decoding ones in how many programs an SM holds (docs/decisions.md).
+`QUANT_A8`'s tiles and writes them as "gmm_a8" / "gmm_glu_a8" entries (`tuning.A8_KERNELS`); a
+Triton program waits on each of its fp8 dots, so these tiles differ from the decoding ones in how
+many programs an SM holds (docs/decisions.md).
 """
 
 import argparse

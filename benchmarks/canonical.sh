@@ -3,7 +3,7 @@
 # that each fit a 10-minute call on an H100 or an H200 with room to spare (a step cut short, or
 # lost with its machine, is run again alone), all at one commit (BENCH_COMMIT=<sha> where the tree
 # has no .git). Each forward suite takes two steps of eight cases (--tokens, below):
-#   benchmarks/canonical.sh 1    # gptoss forward, bf16 and quantised weights, first half (a new run)
+#   benchmarks/canonical.sh 1    # gptoss forward, bf16 and quantised weights, first half (new run)
 #   benchmarks/canonical.sh 2    # gptoss forward, second half (appended, as every later step)
 #   benchmarks/canonical.sh 3    # swiglu256 forward, first half
 #   benchmarks/canonical.sh 4    # swiglu256 forward, second half
