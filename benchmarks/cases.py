@@ -75,6 +75,23 @@ DECODE_TOKENS = [1, 4, 16, 64, 256]
 SUITES = ("gptoss", "swiglu256", "decode", "train", "gmm")
 
 
+def case_order(rows: list[dict]) -> list[str]:
+    """The distinct cases of result rows by workload, mode and projection, then by tokens T, so that
+    tables and plots read in T order however the run's steps split the suite."""
+    first = {}
+    for r in rows:
+        first.setdefault(r["case"], r)
+    return sorted(
+        first,
+        key=lambda c: (
+            first[c]["workload"],
+            first[c]["mode"],
+            c.rsplit("T=", 1)[0],
+            first[c]["tokens"],
+        ),
+    )
+
+
 def suite_cases(suite: str, *, small: bool = False) -> list[Case]:
     """The cases of one suite ("all" = every suite). Small: a few cases, tokens scaled down."""
     if suite == "all":

@@ -12,6 +12,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from benchmarks.cases import case_order
 from benchmarks.impls import weight_format
 
 LAYER_SUITES = ("gptoss", "swiglu256", "decode", "train")
@@ -22,8 +23,9 @@ def _impls(rows):
 
 
 def _colors(rows):
-    cmap = plt.get_cmap("tab10")
-    return {impl: cmap(i % 10) for i, impl in enumerate(_impls(rows))}
+    """One colour an implementation, distinct for up to 18 (the canonical run times 13)."""
+    palette = [*plt.get_cmap("tab10").colors, *plt.get_cmap("Dark2").colors]
+    return {impl: palette[i % len(palette)] for i, impl in enumerate(_impls(rows))}
 
 
 def plot_pct_sol(rows, meta, path):
@@ -33,7 +35,7 @@ def plot_pct_sol(rows, meta, path):
     fig, axes = plt.subplots(len(suites), 1, figsize=(12, 3.2 * len(suites)), squeeze=False)
     for ax, suite in zip(axes[:, 0], suites):
         suite_rows = [r for r in rows if r["suite"] == suite]
-        cases = list(dict.fromkeys(r["case"] for r in suite_rows))
+        cases = case_order(suite_rows)
         # Quantised weights have a floor of their own, not the case's bf16 SOL (latency.png).
         impls = _impls(
             [r for r in suite_rows if r["status"] == "ok" and weight_format(r["impl"]) is None]
@@ -56,8 +58,8 @@ def plot_pct_sol(rows, meta, path):
         )
         ax.set_ylabel("% of SOL")
         ax.set_title(f"{suite}", fontsize=10)
-        if impls:
-            ax.legend(fontsize=7, ncol=3)
+        if impls:  # beside the panel: inside, it hides bars
+            ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.005, 1.0))
     fig.suptitle(f"% SOL (higher is better; dotted: within 15%) — {meta['device']}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -105,7 +107,7 @@ def plot_latency(rows, meta, path):
     workloads = list(dict.fromkeys(r["workload"] for r in fwd))
     colors = _colors(rows)
     fig, axes = plt.subplots(
-        1, max(len(workloads), 1), figsize=(6 * max(len(workloads), 1), 4.5), squeeze=False
+        1, max(len(workloads), 1), figsize=(6 * max(len(workloads), 1), 6), squeeze=False
     )
     for ax, wl in zip(axes[0], workloads):
         wl_rows = sorted((r for r in fwd if r["workload"] == wl), key=lambda r: r["tokens"])
@@ -126,7 +128,7 @@ def plot_latency(rows, meta, path):
         ax.set_xlabel("tokens T")
         ax.set_ylabel("ms")
         ax.set_title(wl, fontsize=10)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3)
     fig.suptitle(f"Latency vs T (forward) — {meta['device']}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

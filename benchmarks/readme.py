@@ -15,6 +15,7 @@ import json
 import os
 from pathlib import Path
 
+from benchmarks import cases as _cases
 from benchmarks import impls as _impls
 from benchmarks import run
 
@@ -107,7 +108,7 @@ def suite_table(suite: str, rows: list[dict], summary: list[dict]) -> list[str]:
         "| case | experts hit | SOL ms | " + " | ".join(impls) + " |",
         "|---|---|---|" + "---|" * len(impls),
     ]
-    for case in dict.fromkeys(r["case"] for r in suite_rows):
+    for case in _cases.case_order(suite_rows):
         by_impl = {r["impl"]: r for r in suite_rows if r["case"] == case}
         first = next(iter(by_impl.values()))
         bf16 = by_impl.get("moe_pallas:auto")

@@ -1063,3 +1063,19 @@ def test_runner_prepares_compile_only_implementations_at_once(tmp_path, monkeypa
     assert rows["refuses"]["message"] == "not implemented: a fake"
     for name in ("meet a", "meet b", "moe_pallas:pallas_triton"):
         assert rows[name]["rel_err_vs"] == "jax.lax.ragged_dot" and rows[name]["rel_err"] < 2e-2
+
+
+def test_case_order_reads_in_tokens_whatever_the_run_order():
+    """Steps that split a suite append its cases out of T order; tables and plots sort them."""
+    rows = []
+    for t, proj in [(16384, None), (2048, None), (4096, None), (64, "down"), (16, "gate_up")]:
+        case = f"gptoss/gmm/{proj}/T={t}" if proj else f"gptoss/fwd/T={t}"
+        mode = "gmm" if proj else "fwd"
+        rows += [{"case": case, "workload": "gptoss", "mode": mode, "tokens": t}] * 2
+    assert cases.case_order(rows) == [
+        "gptoss/fwd/T=2048",
+        "gptoss/fwd/T=4096",
+        "gptoss/fwd/T=16384",
+        "gptoss/gmm/down/T=64",
+        "gptoss/gmm/gate_up/T=16",
+    ]
