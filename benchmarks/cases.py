@@ -76,20 +76,11 @@ SUITES = ("gptoss", "swiglu256", "decode", "train", "gmm")
 
 
 def case_order(rows: list[dict]) -> list[str]:
-    """The distinct cases of result rows by workload, mode and projection, then by tokens T, so that
-    tables and plots read in T order however the run's steps split the suite."""
-    first = {}
-    for r in rows:
-        first.setdefault(r["case"], r)
-    return sorted(
-        first,
-        key=lambda c: (
-            first[c]["workload"],
-            first[c]["mode"],
-            c.rsplit("T=", 1)[0],
-            first[c]["tokens"],
-        ),
-    )
+    """The distinct cases of result rows by their name up to "T=" (workload, mode, projection),
+    then by tokens T, so that tables and plots read in T order however the run's steps split the
+    suite."""
+    tokens = {r["case"]: r["tokens"] for r in rows}
+    return sorted(tokens, key=lambda c: (c.rsplit("T=", 1)[0], tokens[c]))
 
 
 def suite_cases(suite: str, *, small: bool = False) -> list[Case]:
