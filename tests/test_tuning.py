@@ -79,9 +79,10 @@ def test_unknown_device_uses_the_default_devices_triton_entries_only():
 
 
 def test_a_named_device_takes_the_default_devices_triton_entries_it_does_not_override():
-    """The H100's table holds only the Mosaic GPU FP8-activation entries measured on it
-    (SwiGLU-256's two forward products, gpt-oss's in the large class): those apply there, the
-    H200's other Mosaic GPU entries do not, and every Triton problem takes the H200's entry."""
+    """The H100's table holds the Mosaic GPU FP8-activation entries measured on it (SwiGLU-256's
+    two forward products, gpt-oss's in the large class) and the H200's 16-bit Mosaic GPU and
+    cuBLAS-slab entries, timed there too: those apply there, the H200's FP8-activation entries
+    it did not measure do not, and every Triton problem takes the H200's entry."""
     h100 = "NVIDIA H100 80GB HBM3"
     assert h100 in tuning.table()["devices"]
     a8 = {"dtype": jnp.float8_e4m3fn, "rows": "large"}
@@ -93,7 +94,10 @@ def test_a_named_device_takes_the_default_devices_triton_entries_it_does_not_ove
     assert tuning.lookup("mosaic_gpu", "gmm_glu_a8", rows="large", **gptoss) is not None
     assert tuning.lookup("mosaic_gpu", "gmm_glu_a8", rows="small", **gptoss) is None
     bf16 = {"dtype": jnp.bfloat16, "k": 2880, "n": 2880, "rows": "large"}
-    assert tuning.lookup("mosaic_gpu", "gmm", device=h100, **bf16) is None
+    for backend, kernel in (("mosaic_gpu", "gmm"), ("mosaic_gpu", "gmm_t"), ("cublas_slab", "tgmm")):
+        here = tuning.lookup(backend, kernel, device=h100, **bf16)
+        assert here is not None
+        assert here == tuning.lookup(backend, kernel, device="NVIDIA H200", **bf16)
     for kernel in tuning.KERNELS:
         triton = tuning.lookup("pallas_triton", kernel, device=h100, **bf16)
         assert triton is not None
