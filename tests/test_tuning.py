@@ -94,7 +94,11 @@ def test_a_named_device_takes_the_default_devices_triton_entries_it_does_not_ove
     assert tuning.lookup("mosaic_gpu", "gmm_glu_a8", rows="large", **gptoss) is not None
     assert tuning.lookup("mosaic_gpu", "gmm_glu_a8", rows="small", **gptoss) is None
     bf16 = {"dtype": jnp.bfloat16, "k": 2880, "n": 2880, "rows": "large"}
-    for backend, kernel in (("mosaic_gpu", "gmm"), ("mosaic_gpu", "gmm_t"), ("cublas_slab", "tgmm")):
+    for backend, kernel in (
+        ("mosaic_gpu", "gmm"),
+        ("mosaic_gpu", "gmm_t"),
+        ("cublas_slab", "tgmm"),
+    ):
         here = tuning.lookup(backend, kernel, device=h100, **bf16)
         assert here is not None
         assert here == tuning.lookup(backend, kernel, device="NVIDIA H200", **bf16)
