@@ -133,10 +133,13 @@ def moe_experts_by_expert(
     """The dense oracle: out[t] = sum_e sum_j [topk_idx[t, j] == e] topk_weight[t, j] expert_e(x[t]).
 
     A scan over the experts, each applied to all T*k rows (T*k*E expert rows of arithmetic; the
-    scan body is rematerialised under jax.grad, so memory stays at one expert's [T*k, 2I]).
+    scan body is rematerialised under jax.grad, so memory stays at one expert's [T*k, 2I]). Each
+    expert's weights are cast to `dtype` inside the body: cast up front, the float32 copies of all
+    weights and their float32 gradients took 41 GiB of temporaries at SwiGLU-256's full shapes
+    (more than an H100's pool beside the weights), where an expert's gradient, computed whole in
+    its own step, rounds to the weights' dtype the same either way.
     `h_dtype` as in `expert_apply`.
     """
-    params = _cast_params(params, dtype)
     x = jnp.asarray(x).astype(dtype)
     num_tokens, top_k = topk_idx.shape
     num_experts = params["w_gate_up"].shape[0]
@@ -147,7 +150,7 @@ def moe_experts_by_expert(
     @jax.checkpoint
     def add_expert(y, expert_and_params):
         e, expert_params = expert_and_params
-        y_e = _mlp(expert_params, x_rows, activation, h_dtype, "")
+        y_e = _mlp(_cast_params(expert_params, dtype), x_rows, activation, h_dtype, "")
         return y + jnp.where(flat_idx == e, row_weight, 0)[:, None] * y_e, None
 
     y0 = jnp.zeros(x_rows.shape, dtype)
