@@ -7,6 +7,7 @@ and lowers (forward and backward), then run with `jax.lax.ragged_all_to_all` rep
 emulation built from all_to_all that follows its documented semantics.
 """
 
+import functools
 import json
 import os
 import sys
@@ -50,23 +51,26 @@ def emulated_ragged_all_to_all(
 def make_inputs(
     seed, T, E, k, dtype=jnp.float32, bias=False, invalid=0, hot=None, hidden=H, inter=I
 ):
-    ks = jax.random.split(jax.random.key(seed), 7)
-    x = jax.random.normal(ks[0], (T, hidden), jnp.float32)
-    scores = jax.random.normal(ks[1], (T, E))
-    idx = jax.lax.top_k(scores, k)[1].astype(jnp.int32)
+    """numpy arrays: jax.random's ops, run eagerly, would compile a program per op and shape,
+    and device arrays would be sliced onto each case's mesh by more compiles (together a sixth of
+    this script's time)."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((T, hidden), np.float32)
+    scores = rng.standard_normal((T, E), np.float32)
+    idx = np.argsort(-scores, axis=1, kind="stable")[:, :k].astype(np.int32)  # top k
     if hot is not None:  # the first slot of `hot` of the tokens goes to expert 0
-        idx = idx.at[:hot, 0].set(jnp.where((idx[:hot] == 0).any(1), idx[:hot, 0], 0))
+        idx[:hot, 0] = np.where((idx[:hot] == 0).any(1), idx[:hot, 0], 0)
     if invalid:
-        idx = idx.at[:invalid, -1].set(-1)
-    w = jax.random.uniform(ks[2], (T, k), jnp.float32, 0.1, 1.0)
+        idx[:invalid, -1] = -1
+    w = rng.uniform(0.1, 1.0, (T, k)).astype(np.float32)
     params = {
-        "w_gate_up": jax.random.normal(ks[3], (E, hidden, 2 * inter)) / hidden**0.5,
-        "w_down": jax.random.normal(ks[4], (E, inter, hidden)) / inter**0.5,
+        "w_gate_up": rng.standard_normal((E, hidden, 2 * inter)) / hidden**0.5,
+        "w_down": rng.standard_normal((E, inter, hidden)) / inter**0.5,
     }
     if bias:
-        params["b_gate_up"] = 0.1 * jax.random.normal(ks[5], (E, 2 * inter))
-        params["b_down"] = 0.1 * jax.random.normal(ks[6], (E, hidden))
-    params = {n: p.astype(dtype) for n, p in params.items()}
+        params["b_gate_up"] = 0.1 * rng.standard_normal((E, 2 * inter))
+        params["b_down"] = 0.1 * rng.standard_normal((E, hidden))
+    params = {n: p.astype(np.float32).astype(dtype) for n, p in params.items()}
     return x.astype(dtype), idx, w, params
 
 
@@ -75,33 +79,15 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def fwd_and_grads(fn, x, idx, w, params):
-    """out and the gradients of <out, cot> w.r.t. (x, w, params), in one jit."""
-    cot = jax.random.normal(jax.random.key(99), x.shape).astype(x.dtype)
-
-    @jax.jit
-    def run(x, w, params):
-        out, vjp = jax.vjp(lambda x, w, p: fn(x, idx, w, p), x, w, params)
-        return out, vjp(cot)
-
-    return run(x, w, params)
+def cotangent(x):
+    """A fixed random cotangent for x's output."""
+    return np.random.default_rng(99).standard_normal(x.shape, np.float32).astype(x.dtype)
 
 
-def compare(ep_fn, x, idx, w, params, activation, grads=True):
-    single = partial(moe_pallas.moe_experts, activation=activation, implementation="xla")
-    if not grads:
-        out = jax.jit(ep_fn)(x, idx, w, params)
-        ref = single(x, idx, w, params)
-        exact = moe_experts_reference(x, idx, w, params, activation=activation)
-        return {"fwd": rel(out, ref), "fwd_vs_f32_reference": rel(out, exact)}
-    out, g = fwd_and_grads(ep_fn, x, idx, w, params)
-    ref, g_ref = fwd_and_grads(single, x, idx, w, params)
-    leaves, ref_leaves = jax.tree.leaves(g), jax.tree.leaves(g_ref)
-    return {"fwd": rel(out, ref), "grad": max(rel(a, b) for a, b in zip(leaves, ref_leaves))}
-
-
-def ep_layer(mesh, activation="swiglu", implementation="xla", **options):
-    """`moe_experts` on `mesh` with these expert-parallel options."""
+@functools.cache
+def layer(activation, implementation="xla", mesh=None, **options):
+    """`moe_experts` with these options, one function object per set of them: the cases that run
+    it at the same shapes share `_fwd_and_grads`'s compile."""
     return partial(
         moe_pallas.moe_experts,
         activation=activation,
@@ -109,6 +95,49 @@ def ep_layer(mesh, activation="swiglu", implementation="xla", **options):
         mesh=mesh,
         **options,
     )
+
+
+@partial(jax.jit, static_argnums=0)
+def _fwd_and_grads(fn, x, idx, w, params, cot):
+    def out_and_stats(x, w, p):
+        result = fn(x, idx, w, p)
+        return result if isinstance(result, tuple) else (result, None)
+
+    out, vjp, stats = jax.vjp(out_and_stats, x, w, params, has_aux=True)
+    return out, vjp(cot), stats
+
+
+@partial(jax.jit, static_argnums=0)
+def forward(fn, x, idx, w, params):
+    """fn(x, idx, w, params), jitted once per fn (`layer`) and shapes."""
+    return fn(x, idx, w, params)
+
+
+def fwd_and_grads(fn, x, idx, w, params):
+    """out, the gradients of <out, cot> w.r.t. (x, w, params) and fn's stats if it returns them
+    (else None), in one jit. Every array is an argument: numpy arrays closed over become
+    constants that XLA folds through the routing at compile time."""
+    return _fwd_and_grads(fn, x, idx, w, params, cotangent(x))
+
+
+def compare(ep_fn, x, idx, w, params, activation, grads=True):
+    """ep_fn against the single-device layer ("xla"); with grads, also ep_fn's stats if any."""
+    single = layer(activation)
+    if not grads:
+        out = forward(ep_fn, x, idx, w, params)
+        ref = forward(single, x, idx, w, params)
+        exact = jax.jit(partial(moe_experts_reference, activation=activation))(x, idx, w, params)
+        return {"fwd": rel(out, ref), "fwd_vs_f32_reference": rel(out, exact)}
+    out, g, stats = fwd_and_grads(ep_fn, x, idx, w, params)
+    ref, g_ref, _ = fwd_and_grads(single, x, idx, w, params)
+    leaves, ref_leaves = jax.tree.leaves(g), jax.tree.leaves(g_ref)
+    result = {"fwd": rel(out, ref), "grad": max(rel(a, b) for a, b in zip(leaves, ref_leaves))}
+    return (result, stats) if stats is not None else result
+
+
+def ep_layer(mesh, activation="swiglu", implementation="xla", **options):
+    """`moe_experts` on `mesh` with these expert-parallel options (`layer`)."""
+    return layer(activation, implementation, mesh, **options)
 
 
 def expected_kept(idx, E, S, num_devices, exchange, capacity):
@@ -140,13 +169,11 @@ def drop_case(exchange, S, data, capacity_factor, seed):
     E, k, T = 16, 4, 64
     x, idx, w, params = make_inputs(seed, T, E, k, hot=48)
     mesh = moe_pallas.expert_mesh(S, data)
-    fn = jax.jit(
-        ep_layer(mesh, exchange=exchange, capacity_factor=capacity_factor, return_stats=True)
-    )
-    out, stats = fn(x, idx, w, params)
+    fn = ep_layer(mesh, exchange=exchange, capacity_factor=capacity_factor, return_stats=True)
+    out, stats = forward(fn, x, idx, w, params)
     kept = expected_kept(idx, E, S, mesh.size, exchange, stats["capacity_rows"])
     valid = np.asarray((idx >= 0) & (idx < E))
-    ref = moe_pallas.moe_experts(x, jnp.where(kept, idx, -1), w, params, activation="swiglu")
+    ref = forward(layer("swiglu"), x, np.where(kept, idx, -1), w, params)
     return {
         "fwd": rel(out, ref),
         "dropped": int(stats["dropped_rows"]),
@@ -161,11 +188,13 @@ def spill_case(balanced):
     every (source, destination) pair exactly evenly stays in the first round; one hot expert
     overflows it into the second. Forward and gradients against one device, and the stats."""
     x, idx, w, params = make_inputs(11, 64, 16, 2)
-    t = jnp.arange(64)[:, None]
-    idx = (t + jnp.array([0, 8])) % 16 if balanced else idx.at[:, 0].set(3)
-    fn = ep_layer(moe_pallas.expert_mesh(2, 4), exchange="all_to_all")
-    result = compare(fn, x, idx, w, params, "swiglu")
-    _, stats = jax.jit(partial(fn, return_stats=True))(x, idx, w, params)
+    t = np.arange(64)[:, None]
+    idx = ((t + np.array([0, 8])) % 16).astype(np.int32) if balanced else idx
+    if not balanced:
+        idx[:, 0] = 3
+    # (both routings share one compile of the layer with its stats, and one of the reference)
+    fn = ep_layer(moe_pallas.expert_mesh(2, 4), exchange="all_to_all", return_stats=True)
+    result, stats = compare(fn, x, idx, w, params, "swiglu")
     result.update(
         spilled=int(stats["spilled_rows"]),
         dropped=int(stats["dropped_rows"]),
@@ -189,7 +218,9 @@ def debug_raises():
     x, idx, w, params = make_inputs(3, 32, 16, 4, hot=32)
     mesh = moe_pallas.expert_mesh(8)
     raised = {}
-    for name, ids, factor in [("drop", idx, 0.5), ("bad_id", idx.at[3, 1].set(99), None)]:
+    bad = idx.copy()
+    bad[3, 1] = 99
+    for name, ids, factor in [("drop", idx, 0.5), ("bad_id", bad, None)]:
         with moe_pallas.debug_checks():
             fn = jax.jit(ep_layer(mesh, exchange="all_to_all", capacity_factor=factor))
             try:
@@ -209,17 +240,16 @@ def quantized_case(fmt, implementation, seed, fp8_activations=False):
     params = moe_pallas.quantize_experts(dense, fmt, fp8_activations=fp8_activations)
     single = partial(moe_pallas.moe_experts, activation="gptoss", implementation=implementation)
     ep = partial(single, mesh=moe_pallas.expert_mesh(4, 2), exchange="all_to_all")
-    cot = jax.random.normal(jax.random.key(99), x.shape).astype(x.dtype)
 
     @jax.jit
-    def run():
+    def run(x, idx, w, params, cot):  # (arguments, not constants: see fwd_and_grads)
         outs = []
         for fn in (ep, single):
             out, vjp = jax.vjp(lambda x, w, fn=fn: fn(x, idx, w, params), x, w)
             outs.append((out, vjp(cot)))
         return outs
 
-    (out, grads), (ref, ref_grads) = run()
+    (out, grads), (ref, ref_grads) = run(x, idx, w, params, cotangent(x))
     try:
         jax.grad(lambda p: jnp.sum(ep(x, idx, w, p).astype(jnp.float32)))(params)
         weight_grad = ""
@@ -244,8 +274,8 @@ def fp8_training_case(implementation, seed):
         fp8_training=True,
     )
     ep = partial(single, mesh=moe_pallas.expert_mesh(4, 2), exchange="all_to_all")
-    out, (dx, dw, dparams) = fwd_and_grads(ep, x, idx, w, params)
-    ref, (ref_dx, ref_dw, ref_dparams) = fwd_and_grads(single, x, idx, w, params)
+    out, (dx, dw, dparams), _ = fwd_and_grads(ep, x, idx, w, params)
+    ref, (ref_dx, ref_dw, ref_dparams), _ = fwd_and_grads(single, x, idx, w, params)
     leaves, ref_leaves = jax.tree.leaves(dparams), jax.tree.leaves(ref_dparams)
     return {
         "fwd": rel(out, ref),
@@ -303,7 +333,7 @@ def main():
         grads=False,
     )
     x, idx, w, params = make_inputs(4, 16, 16, 1)
-    idx = jnp.full_like(idx, 3)  # one hot expert: shard 1 gets every row, the others none
+    idx = np.full_like(idx, 3)  # one hot expert: shard 1 gets every row, the others none
     results["a2a_one_hot_expert"] = compare(
         ep_layer(moe_pallas.expert_mesh(8), activation="swiglu", exchange="all_to_all"),
         x,
