@@ -120,14 +120,25 @@ def test_mosaic_gpu_backend_runs_fp8_activation_products(monkeypatch):
             x, idx, wts, qparams, activation="swiglu", implementation=impl
         )
 
-    primal, want = run(x, wts, "mosaic_gpu"), run(x, wts, "pallas_triton")
+    # jitted, each call a new function (traced, so the spy sees its kernels): eagerly, every op
+    # of the block would compile on its own
+    jit_run = lambda impl: jax.jit(lambda x, wts: run(x, wts, impl))(x, wts)
+    primal, want = jit_run("mosaic_gpu"), jit_run("pallas_triton")
     assert [a for _, a in calls] == ["swiglu", None] and calls[0][0] == (12, hidden)
     assert rel_err(primal, want) < BACKENDS_BOUND
     calls.clear()  # under differentiation the GLU runs apart, gate_up's product plain
-    out, vjp = jax.vjp(lambda x, wts: run(x, wts, "mosaic_gpu"), x, wts)
-    want_out, want_vjp = jax.vjp(lambda x, wts: run(x, wts, "pallas_triton"), x, wts)
+
+    def vjp_run(impl):
+        @jax.jit
+        def out_and_grads(x, wts, cot):
+            out, vjp = jax.vjp(lambda x, wts: run(x, wts, impl), x, wts)
+            return out, vjp(cot)
+
+        return out_and_grads(x, wts, want)
+
+    (out, grads), (want_out, want_grads) = vjp_run("mosaic_gpu"), vjp_run("pallas_triton")
     assert [a for _, a in calls] == [None, None] and rel_err(out, want_out) < BACKENDS_BOUND
-    for got_grad, want_grad in zip(vjp(want), want_vjp(want)):
+    for got_grad, want_grad in zip(grads, want_grads):
         assert rel_err(got_grad, want_grad) < BACKENDS_BOUND
 
     problem = lambda **kw: backends.Problem(
@@ -162,9 +173,11 @@ def test_mosaic_gpu_backend_runs_fp8_activation_products(monkeypatch):
                             ("fp8_block", [((12, inter), None)])):  # fmt: skip
         calls.clear()
         got, want = (
-            moe_pallas.moe_experts(
-                x, idx, wts, gptoss[fmt], activation="gptoss", implementation=impl
-            )
+            jax.jit(
+                lambda x, wts, p, impl=impl: moe_pallas.moe_experts(
+                    x, idx, wts, p, activation="gptoss", implementation=impl
+                )
+            )(x, wts, gptoss[fmt])
             for impl in ("mosaic_gpu", "pallas_triton")
         )
         assert calls == want_calls and rel_err(got, want) < BACKENDS_BOUND, fmt
