@@ -289,6 +289,14 @@ def _tgmm_padded_jit(lhs, rhs, sizes, row_index, capacity):
         cublas_slab.capacity = real
 
 
+@jax.jit
+def _tgmm_padded64(lhs, rhs, sizes, row_index):
+    """float64 tgmm of the (gathered) lhs and rhs, and rhs's per-group sums."""
+    x, y = _f64(lhs if row_index is None else lhs[row_index], rhs)
+    groups = _one_hot_groups(sizes, y.shape[0])
+    return _tgmm64(groups, x, y), groups.T @ y
+
+
 @given(
     **RAGGED_DRAWS,
     tail=st.sampled_from([0, 0, 3]),
@@ -310,9 +318,7 @@ def test_tgmm_padded_matches_float64(seed, shape, dtype, kind, tail, capacity, g
         index = jnp.asarray(rng.integers(0, m_src, m), jnp.int32) if gather else None
         out, sums = _tgmm_padded_jit(lhs, rhs, jnp.asarray(sizes), index, capacity)
         with jax.enable_x64(True):
-            x, y = _f64(lhs if index is None else lhs[index], rhs)
-            groups = _one_hot_groups(sizes, m)
-            want, want_sums = _tgmm64(groups, x, y), groups.T @ y
+            want, want_sums = _tgmm_padded64(lhs, rhs, sizes, index)
         assert out.dtype == dtype and _rel_err(out, want) < TOL[dtype], _rel_err(out, want)
         assert _rel_err(sums, want_sums) < TOL[dtype], _rel_err(sums, want_sums)
         assert not np.asarray(out[sizes == 0], np.float32).any(), "empty groups"
@@ -403,7 +409,12 @@ QUANT_CONFIGS = [  # (block_m, block_n, min_block_m, weights_first): decode and 
 ]
 
 
-@settings(max_examples=max(settings().max_examples // 3, 1))  # each draw compiles a kernel
+# Each draw traces and compiles a kernel (1-2 s in interpret mode, the most of any test here): a
+# quarter of the profile's examples in "ci", a third in the others.
+QUANT_EXAMPLES = max(settings().max_examples // (4 if PROFILE == "ci" else 3), 1)
+
+
+@settings(max_examples=QUANT_EXAMPLES)
 @given(
     seed=st.integers(0, 2**32 - 1),
     shape=st.sampled_from(QUANT_SHAPES),
