@@ -38,8 +38,11 @@ def parse_args():
 
 
 ARGS = parse_args()
-if ARGS.cpu_devices:  # before jax is imported
-    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={ARGS.cpu_devices}"
+if ARGS.cpu_devices:  # before jax is imported; flags already set (e.g. by the tests) are kept
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "")
+        + f" --xla_force_host_platform_device_count={ARGS.cpu_devices}"
+    )
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax
