@@ -220,13 +220,17 @@ def test_layer_construction_peak_memory_is_about_the_parameters():
 
 def test_expert_weights_keep_the_fan_in_truncated_normal_law():
     """Per expert: truncated normal on ±2 sigma, variance 1 / fan_in (fan_in = H for w_gate_up,
-    I for w_down), each expert drawn from its own key."""
-    state = _layer_init(8, 128, 64)(jax.random.key(int(np.random.default_rng().integers(2**31))))
-    for name, fan_in in (("w_gate_up", 128), ("w_down", 64)):
+    I for w_down), each expert drawn from its own key, drawn in float32 and rounded to bf16.
+    Bounds in standard errors of the mean (sigma * 0.88 / sqrt(n), n >= 2**20 values): 0.006
+    sigma is over 6 of them, and drawing in bf16 would put the mean at -0.018 sigma."""
+    state = _layer_init(8, 512, 256)(jax.random.key(int(np.random.default_rng().integers(2**31))))
+    for name, fan_in in (("w_gate_up", 512), ("w_down", 256)):
         w = np.asarray(state[name][...], np.float64)
-        assert abs(w.std() / np.sqrt(1 / fan_in) - 1) < 0.03, (name, w.std())
-        assert np.abs(w).max() <= 2 * np.sqrt(1 / fan_in) / 0.87962566103423978 * 1.01
-        assert abs(w.mean()) < 0.03 * np.sqrt(1 / fan_in)
+        sigma = np.sqrt(1 / fan_in)
+        assert abs(w.std() / sigma - 1) < 0.01, (name, w.std())
+        assert np.abs(w).max() <= 2 * sigma / 0.87962566103423978 * 1.01
+        assert abs(w.mean()) < 0.006 * sigma, (name, w.mean() / sigma)
+        assert len(np.unique(w[0])) > 1000, name  # not 128 values from 8-bit uniforms
         assert not np.array_equal(w[0], w[1])  # distinct experts
 
 
